@@ -1,0 +1,74 @@
+"""``@idempotent`` for plain Django views."""
+
+from __future__ import annotations
+
+from functools import wraps
+from typing import TYPE_CHECKING, Any, overload
+
+from django_idempotency.engine import Engine, Policy, default_engine
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from datetime import timedelta
+
+    from django.http import HttpRequest, HttpResponseBase
+
+    ViewFunction = Callable[..., HttpResponseBase]
+
+
+@overload
+def idempotent(view: ViewFunction, /) -> ViewFunction: ...
+@overload
+def idempotent(
+    *,
+    required: bool | None = None,
+    methods: Iterable[str] | None = None,
+    ttl: timedelta | float | None = None,
+    wait_timeout: float | None = None,
+    scope_function: Callable[[Any, str], str] | str | None = None,
+    fingerprint_headers: Iterable[str] | None = None,
+    retryable_status_codes: Iterable[int] | None = None,
+    engine: Engine | None = None,
+) -> Callable[[ViewFunction], ViewFunction]: ...
+def idempotent(
+    view: ViewFunction | None = None,
+    /,
+    *,
+    required: bool | None = None,
+    methods: Iterable[str] | None = None,
+    ttl: timedelta | float | None = None,
+    wait_timeout: float | None = None,
+    scope_function: Callable[[Any, str], str] | str | None = None,
+    fingerprint_headers: Iterable[str] | None = None,
+    retryable_status_codes: Iterable[int] | None = None,
+    engine: Engine | None = None,
+) -> ViewFunction | Callable[[ViewFunction], ViewFunction]:
+    """Make a view's unsafe methods idempotent by ``Idempotency-Key``.
+
+    Use bare (``@idempotent``) or with per-view options; an option left at ``None`` follows the
+    ``IDEMPOTENCY`` setting of the same name, read on each request. For a class-based view,
+    decorate ``as_view()`` or use ``method_decorator(idempotent, name="dispatch")``.
+    """
+
+    def decorator(view_func: ViewFunction) -> ViewFunction:
+        @wraps(view_func)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            policy = Policy.from_settings(
+                required=required,
+                methods=methods,
+                ttl=ttl,
+                wait_timeout=wait_timeout,
+                scope_function=scope_function,
+                fingerprint_headers=fingerprint_headers,
+                retryable_status_codes=retryable_status_codes,
+            )
+            return (engine or default_engine).handle(
+                request,
+                lambda: view_func(request, *args, **kwargs),
+                policy=policy,
+                sender=view_func,
+            )
+
+        return wrapper
+
+    return decorator if view is None else decorator(view)

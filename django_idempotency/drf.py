@@ -1,0 +1,84 @@
+"""``IdempotentMixin`` for Django REST framework views and viewsets."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django_idempotency.engine import Engine, Policy, default_engine
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+    from datetime import timedelta
+
+    from django.http import HttpResponseBase
+    from rest_framework.request import Request
+    from rest_framework.views import APIView
+
+    _Base = APIView
+else:
+    _Base = object
+
+
+class IdempotentMixin(_Base):
+    """Make a view's unsafe methods idempotent by the ``Idempotency-Key`` header.
+
+    Put it before the DRF view class: ``class PaymentView(IdempotentMixin, CreateAPIView)``.
+    The key is resolved after authentication, permissions and throttling, so a replay passes
+    those checks too. Every ``idempotency_*`` attribute left at ``None`` follows the
+    ``IDEMPOTENCY`` setting of the same name; all are read on each request.
+    """
+
+    idempotency_required: bool | None = None
+    idempotency_methods: Iterable[str] | None = None
+    idempotency_ttl: timedelta | float | None = None
+    idempotency_wait_timeout: float | None = None
+    idempotency_scope_function: Callable[[Any, str], str] | str | None = None
+    idempotency_fingerprint_headers: Iterable[str] | None = None
+    idempotency_retryable_status_codes: Iterable[int] | None = None
+    idempotency_engine: Engine = default_engine
+
+    def get_idempotency_policy(self) -> Policy:
+        """Return the policy for this request; override to decide per request."""
+        return Policy.from_settings(
+            required=self.idempotency_required,
+            methods=self.idempotency_methods,
+            ttl=self.idempotency_ttl,
+            wait_timeout=self.idempotency_wait_timeout,
+            scope_function=self.idempotency_scope_function,
+            fingerprint_headers=self.idempotency_fingerprint_headers,
+            retryable_status_codes=self.idempotency_retryable_status_codes,
+        )
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)
+        # Authentication, permissions and throttling have passed. APIView.dispatch looks the
+        # handler up only now, so wrapping it on this (per-request) instance puts the engine
+        # around the handler and nothing else.
+        name = (request.method or "").lower()
+        handler = getattr(self, name, None)
+        if handler is not None and name in self.http_method_names:
+            setattr(self, name, self._idempotent_handler(handler))
+
+    def _idempotent_handler(
+        self, handler: Callable[..., HttpResponseBase]
+    ) -> Callable[..., HttpResponseBase]:
+        def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            def run_view() -> HttpResponseBase:
+                # Turn DRF exceptions into their responses here, inside the transaction, so a
+                # deterministic 4xx is stored and replayed like any other answer.
+                try:
+                    response = handler(request, *args, **kwargs)
+                except Exception as exc:
+                    response = self.handle_exception(exc)
+                # finalize_response takes any HttpResponseBase, though typed for Response.
+                return self.finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
+
+            return self.idempotency_engine.handle(
+                request._request,
+                run_view,
+                policy=self.get_idempotency_policy(),
+                sender=type(self),
+                view_request=request,
+            )
+
+        return idempotent_handler

@@ -1,0 +1,317 @@
+"""The engine: claim the key, run the view, store its response, or replay a stored one.
+
+It knows Django's request and response but nothing of Django REST framework; the DRF mixin and
+the view decorator are thin adapters over ``Engine.handle``.
+
+Atomic mode: the key row is inserted inside the same ``transaction.atomic`` as the view's own
+writes and completed before the commit, so a fresh request costs one commit and a crash rolls
+back the key with the effect. A concurrent duplicate blocks on the unique index until the first
+commits, then replays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
+
+from django.db import InterfaceError, OperationalError, router, transaction
+from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.utils import timezone
+
+from django_idempotency import problems, signals
+from django_idempotency.conf import as_timedelta, idempotency_settings, resolve_callable
+from django_idempotency.fingerprint import request_fingerprint
+from django_idempotency.keys import InvalidKey, parse_key
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.scope import AnonymousRejected
+from django_idempotency.store import KeyBusy, KeyStore, StoredResponse
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import datetime, timedelta
+
+    from django.dispatch import Signal
+    from django.http import HttpRequest
+
+logger = logging.getLogger("django_idempotency")
+
+STATUS_HEADER = "Idempotency-Status"
+REPLAYED_HEADER = "Idempotent-Replayed"
+
+# Never stored nor replayed: hop-by-hop headers (RFC 9110 section 7.6.1), headers a server
+# recomputes, and our own.
+_UNSTORED_HEADERS = frozenset(
+    {
+        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+        "trailer", "transfer-encoding", "upgrade", "content-length", "date", "server",
+        "set-cookie", STATUS_HEADER.lower(), REPLAYED_HEADER.lower(),
+    }
+)  # fmt: skip
+
+
+class Outcome(StrEnum):
+    STORED = "stored"
+    REPLAYED = "replayed"
+    MISMATCH = "mismatch"
+    IN_PROGRESS = "in_progress"
+    MISSING = "missing"
+    INVALID = "invalid"
+    NOT_STORED = "not_stored"
+    UNAVAILABLE = "unavailable"
+
+
+_SIGNALS: dict[Outcome, Signal] = {
+    Outcome.STORED: signals.key_stored,
+    Outcome.REPLAYED: signals.key_replayed,
+    Outcome.MISMATCH: signals.payload_mismatch,
+    Outcome.IN_PROGRESS: signals.request_in_progress,
+    Outcome.MISSING: signals.key_missing,
+    Outcome.INVALID: signals.key_invalid,
+    Outcome.NOT_STORED: signals.response_not_stored,
+    Outcome.UNAVAILABLE: signals.database_unavailable,
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Everything the engine needs to know about one view, resolved at request time."""
+
+    header: str
+    required: bool
+    methods: frozenset[str]
+    ttl: timedelta
+    wait_timeout: float
+    scope_function: Callable[[Any, str], str]
+    fingerprint_headers: tuple[str, ...]
+    retryable_status_codes: frozenset[int]
+
+    @classmethod
+    def from_settings(cls, **overrides: Any) -> Policy:
+        """Build a policy from ``IDEMPOTENCY``; an override of ``None`` keeps the setting."""
+        config = idempotency_settings
+        values: dict[str, Any] = {
+            "header": config.HEADER,
+            "required": config.KEY_REQUIRED,
+            "methods": config.METHODS,
+            "ttl": config.TTL,
+            "wait_timeout": config.WAIT_TIMEOUT,
+            "scope_function": config.SCOPE_FUNCTION,
+            "fingerprint_headers": config.FINGERPRINT_HEADERS,
+            "retryable_status_codes": config.RETRYABLE_STATUS_CODES,
+        }
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        values["ttl"] = as_timedelta(values["ttl"], "ttl")
+        values["scope_function"] = resolve_callable(values["scope_function"], "scope_function")
+        values["methods"] = frozenset(method.upper() for method in values["methods"])
+        values["fingerprint_headers"] = tuple(values["fingerprint_headers"])
+        values["retryable_status_codes"] = frozenset(values["retryable_status_codes"])
+        return cls(**values)
+
+    def stores(self, status: int) -> bool:
+        """Whether a response with this status is stored: 2xx, 3xx and deterministic 4xx."""
+        return status < 500 and status not in self.retryable_status_codes
+
+
+@dataclass
+class _Decision:
+    outcome: Outcome
+    response: HttpResponseBase
+    key: str | None = None
+    scope: str | None = None
+    route: str | None = None
+    attempt: int = 1
+
+
+def route_of(request: HttpRequest) -> str:
+    """The URL pattern that matched ``request``, or its path if it was not resolved."""
+    match = request.resolver_match
+    return match.route if match is not None and match.route else request.path_info
+
+
+def _capture(response: HttpResponseBase) -> tuple[list[tuple[str, str]], bytes]:
+    """Return the headers and body to store, reading a streaming body into memory once."""
+    if callable(getattr(response, "render", None)):
+        response.render()  # type: ignore[attr-defined]
+    if isinstance(response, StreamingHttpResponse):
+        body = b"".join(response.streaming_content)  # type: ignore[arg-type]
+        response.streaming_content = [body]
+    else:
+        body = response.content  # type: ignore[attr-defined]
+    headers = [
+        (name, value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS
+    ]
+    return headers, body
+
+
+def _replay_response(stored: StoredResponse) -> HttpResponse:
+    response = HttpResponse(stored.body, status=stored.status)
+    del response["Content-Type"]
+    for name, value in stored.headers:
+        response[name] = value
+    response[STATUS_HEADER] = "replayed"
+    response[REPLAYED_HEADER] = "true"
+    return response
+
+
+class Engine:
+    """Claim → execute → store, or replay. ``clock`` is injectable for tests."""
+
+    def __init__(self, clock: Callable[[], datetime] = timezone.now) -> None:
+        self.clock = clock
+
+    def handle(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        *,
+        policy: Policy,
+        sender: Any,
+        view_request: Any = None,
+    ) -> HttpResponseBase:
+        """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
+
+        ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
+        scope function and signal receivers get.
+        """
+        if request.method not in policy.methods:
+            return view()
+        started = time.perf_counter()
+        decision = self._decide(request, view, policy, view_request or request)
+        if decision is None:
+            return view()
+        self._report(decision, sender, view_request or request, started)
+        return decision.response
+
+    def _decide(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        policy: Policy,
+        view_request: Any,
+    ) -> _Decision | None:
+        raw_key = request.headers.get(policy.header)
+        if raw_key is None:
+            if not policy.required:
+                return None
+            detail = f"Send an {policy.header} header to make this request safe to retry."
+            return _Decision(
+                Outcome.MISSING, problems.problem_response(problems.KEY_MISSING, detail)
+            )
+        try:
+            key = parse_key(raw_key)
+        except InvalidKey as exc:
+            detail = f"The {policy.header} header is invalid: {exc}."
+            return _Decision(
+                Outcome.INVALID, problems.problem_response(problems.KEY_INVALID, detail)
+            )
+        route = route_of(request)
+        try:
+            scope = policy.scope_function(view_request, route)
+        except AnonymousRejected:
+            detail = f"Authenticate to send an {policy.header} header to this endpoint."
+            response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
+            return _Decision(Outcome.INVALID, response, key, route=route)
+        fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
+        try:
+            decision = self._execute(
+                request, view, policy, key=key, scope=scope, route=route, fingerprint=fingerprint
+            )
+        except KeyBusy:
+            detail = "A request with this key is still being processed; retry later."
+            response = problems.problem_response(problems.IN_PROGRESS, detail)
+            decision = _Decision(Outcome.IN_PROGRESS, response)
+        except (OperationalError, InterfaceError):
+            # Connection lost, server shutting down, deadlock or serialization failure: the
+            # transaction was rolled back with the key, so the client may safely retry.
+            logger.warning("database unavailable; rolled back", exc_info=True)
+            detail = "The database could not complete the request; nothing was kept. Retry it."
+            response = problems.problem_response(problems.UNAVAILABLE, detail)
+            decision = _Decision(Outcome.UNAVAILABLE, response)
+        decision.key, decision.scope, decision.route = key, scope, route
+        return decision
+
+    def _execute(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        policy: Policy,
+        *,
+        key: str,
+        scope: str,
+        route: str,
+        fingerprint: str,
+    ) -> _Decision:
+        store = KeyStore(router.db_for_write(IdempotencyKey))
+        now = self.clock()
+        with transaction.atomic(using=store.using):
+            claim = store.claim(
+                scope=scope,
+                key=key,
+                method=request.method or "",
+                route=route,
+                fingerprint=fingerprint,
+                now=now,
+                expires_at=now + policy.ttl,
+                wait_timeout=policy.wait_timeout,
+            )
+            if claim is None:
+                found = store.replay(scope=scope, key=key, fingerprint=fingerprint, now=now)
+                if isinstance(found, StoredResponse):
+                    replay = _replay_response(found)
+                    return _Decision(Outcome.REPLAYED, replay, attempt=found.replay_count + 1)
+                if found.fingerprint_matches:
+                    raise KeyBusy
+                detail = "This key was already used with a different request."
+                mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
+                return _Decision(Outcome.MISMATCH, mismatch)
+
+            response = view()
+            if not policy.stores(response.status_code) or transaction.get_rollback(store.using):
+                # Keep nothing, so that a retry runs on a clean slate.
+                transaction.set_rollback(True, using=store.using)
+                return _Decision(Outcome.NOT_STORED, response)
+            headers, body = _capture(response)
+            stored = store.complete(
+                claim, status=response.status_code, headers=headers, body=body, now=self.clock()
+            )
+            if not stored:
+                raise KeyBusy
+        response[STATUS_HEADER] = "stored"
+        return _Decision(Outcome.STORED, response)
+
+    def _report(self, decision: _Decision, sender: Any, view_request: Any, started: float) -> None:
+        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+        scope_hash = (
+            hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
+        )
+        # Never the body, never a header value: only what identifies the decision.
+        logger.info(
+            "idempotency %s: key=%s route=%s",
+            decision.outcome,
+            decision.key,
+            decision.route,
+            extra={
+                "idempotency_outcome": str(decision.outcome),
+                "idempotency_key": decision.key,
+                "idempotency_scope": scope_hash,
+                "idempotency_route": decision.route,
+                "idempotency_attempt": decision.attempt,
+                "idempotency_duration_ms": duration_ms,
+                "status_code": decision.response.status_code,
+            },
+        )
+        _SIGNALS[decision.outcome].send(
+            sender=sender,
+            request=view_request,
+            key=decision.key,
+            scope=decision.scope,
+            route=decision.route,
+            response=decision.response,
+        )
+
+
+default_engine = Engine()

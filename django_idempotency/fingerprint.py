@@ -1,0 +1,87 @@
+"""The request fingerprint: what makes two requests with one key "the same request"."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING
+
+import rfc8785
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from django.http import HttpRequest
+
+
+class _Digest:
+    """SHA-256 over length-prefixed parts, so that no two sequences of parts collide."""
+
+    def __init__(self) -> None:
+        self._sha = hashlib.sha256()
+
+    def add(self, data: bytes | str) -> None:
+        if isinstance(data, str):
+            data = data.encode()
+        self._sha.update(len(data).to_bytes(8, "big"))
+        self._sha.update(data)
+
+    def add_chunks(self, size: int, chunks: Iterable[bytes]) -> None:
+        self._sha.update(size.to_bytes(8, "big"))
+        for chunk in chunks:
+            self._sha.update(chunk)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """Return the RFC 8785 form of a JSON body, or ``None`` if it is not canonicalizable JSON."""
+    try:
+        return rfc8785.dumps(json.loads(body))
+    except (ValueError, TypeError, rfc8785.CanonicalizationError):
+        # Not JSON, or JSON that RFC 8785 cannot represent (such as integers beyond 2**53):
+        # the raw bytes are then the fingerprint.
+        return None
+
+
+def _is_json(content_type: str) -> bool:
+    return content_type == "application/json" or content_type.endswith("+json")
+
+
+def _add_form(digest: _Digest, request: HttpRequest) -> None:
+    # A multipart body is hashed as its parsed fields and files, never loaded whole: files over
+    # FILE_UPLOAD_MAX_MEMORY_SIZE stay on disk and are read in chunks. A retry that draws a new
+    # multipart boundary still matches.
+    for name in sorted(request.POST):
+        for value in request.POST.getlist(name):
+            digest.add(name)
+            digest.add(value)
+    for name in sorted(request.FILES):
+        for upload in request.FILES.getlist(name):
+            digest.add(name)
+            digest.add(upload.name or "")
+            digest.add(upload.content_type or "")
+            digest.add_chunks(upload.size or 0, upload.chunks())
+            upload.seek(0)
+
+
+def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str] = ()) -> str:
+    """SHA-256 of the method, route, query string, named headers and body of ``request``."""
+    digest = _Digest()
+    digest.add(request.method or "")
+    digest.add(route)
+    digest.add(request.META.get("QUERY_STRING", ""))
+    for name in sorted({header.lower() for header in headers}):
+        digest.add(name)
+        digest.add(request.headers.get(name, ""))
+    content_type = request.content_type or ""
+    if content_type == "multipart/form-data":
+        digest.add(b"multipart")
+        _add_form(digest, request)
+    else:
+        body = request.body
+        canonical = canonical_json(body) if _is_json(content_type) else None
+        digest.add(b"json" if canonical is not None else b"raw")
+        digest.add(canonical if canonical is not None else body)
+    return digest.hexdigest()

@@ -1,0 +1,40 @@
+"""Parsing of the ``Idempotency-Key`` request header."""
+
+from __future__ import annotations
+
+import re
+
+MAX_LENGTH = 255
+
+# Visible ASCII (RFC 5234 VCHAR): no spaces, no control characters, nothing beyond 0x7E.
+_VCHARS = re.compile(r"[\x21-\x7e]+")
+# A structured-field string (RFC 8941 section 3.3.3) whose characters are all visible ASCII:
+# a backslash escapes only a quote or a backslash.
+_SF_STRING = re.compile(r'"((?:[\x21\x23-\x5b\x5d-\x7e]|\\["\\])+)"')
+_SF_ESCAPE = re.compile(r'\\(["\\])')
+
+
+class InvalidKey(ValueError):
+    """The header is present but is not a usable key."""
+
+
+def parse_key(value: str) -> str:
+    """Return the key carried by a header value, bare (``abc``) or quoted (``"abc"``)."""
+    if value.startswith('"'):
+        match = _SF_STRING.fullmatch(value)
+        if match is None:
+            msg = "the quoted key is not a valid string of visible ASCII characters"
+            raise InvalidKey(msg)
+        key = _SF_ESCAPE.sub(r"\1", match.group(1))
+    elif _VCHARS.fullmatch(value):
+        key = value
+    elif not value:
+        msg = "the key is empty"
+        raise InvalidKey(msg)
+    else:
+        msg = "the key has characters outside visible ASCII"
+        raise InvalidKey(msg)
+    if len(key) > MAX_LENGTH:
+        msg = f"the key is longer than {MAX_LENGTH} characters"
+        raise InvalidKey(msg)
+    return key

@@ -1,0 +1,54 @@
+"""Errors answered as ``application/problem+json`` (RFC 9457), each with a stable ``code``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.http import HttpResponse
+
+# RFC 9457 section 3.1.1: a "tag:" URI names a problem type that is not meant to be dereferenced.
+TYPE_PREFIX = "tag:django-idempotency,2026:"
+
+
+@dataclass(frozen=True)
+class Problem:
+    code: str
+    status: int
+    title: str
+    retry_after: int | None = None
+
+
+KEY_MISSING = Problem("idempotency.key_missing", 400, "Idempotency-Key header is required")
+KEY_INVALID = Problem("idempotency.key_invalid", 400, "Idempotency-Key header is malformed")
+ANONYMOUS_REJECTED = Problem(
+    "idempotency.anonymous_rejected", 401, "Authentication is required to use an idempotency key"
+)
+PAYLOAD_MISMATCH = Problem(
+    "idempotency.payload_mismatch", 422, "Idempotency-Key was used with a different request"
+)
+IN_PROGRESS = Problem(
+    "idempotency.in_progress", 409, "A request with this Idempotency-Key is in progress", 1
+)
+UNAVAILABLE = Problem(
+    "idempotency.unavailable", 503, "The request could not be completed; retry it", 1
+)
+
+ALL = (KEY_MISSING, KEY_INVALID, ANONYMOUS_REJECTED, PAYLOAD_MISMATCH, IN_PROGRESS, UNAVAILABLE)
+
+
+def problem_response(problem: Problem, detail: str) -> HttpResponse:
+    """Render ``problem`` as an RFC 9457 response; ``detail`` must never carry request data."""
+    body = {
+        "type": TYPE_PREFIX + problem.code,
+        "title": problem.title,
+        "status": problem.status,
+        "detail": detail,
+        "code": problem.code,
+    }
+    response = HttpResponse(
+        json.dumps(body), status=problem.status, content_type="application/problem+json"
+    )
+    if problem.retry_after is not None:
+        response["Retry-After"] = str(problem.retry_after)
+    return response

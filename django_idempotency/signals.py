@@ -1,0 +1,29 @@
+"""Signals sent for each idempotency decision.
+
+Every signal is sent with ``sender`` set to the view's class (or function) and these keyword
+arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or invalid),
+``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response returned).
+Receivers run in the request; keep them fast and never let them raise.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A fresh request ran and its response was stored with the key.
+key_stored = Signal()
+#: A completed request was replayed; the view did not run.
+key_replayed = Signal()
+#: The key was reused with a different request: answered 422.
+payload_mismatch = Signal()
+#: A request with the key was still running past the wait bound: answered 409.
+request_in_progress = Signal()
+#: A required key was missing: answered 400.
+key_missing = Signal()
+#: The key was malformed, or the anonymous policy refused it: answered 400 or 401.
+key_invalid = Signal()
+#: The view ran but its response was not stored (5xx, a retryable status, or a transaction
+#: marked for rollback): everything it wrote was rolled back, and a retry runs again.
+response_not_stored = Signal()
+#: The database failed mid-request: rolled back and answered 503.
+database_unavailable = Signal()

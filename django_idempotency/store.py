@@ -1,0 +1,215 @@
+"""Database operations on ``IdempotencyKey`` rows: claim, replay, complete.
+
+The unique index on (scope, key) is the only arbiter of races. A claim is one
+``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or takes over
+an expired one, and returns nothing when a live row holds the key. Inside a transaction a duplicate
+blocks on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the
+wait is bounded by ``lock_timeout``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import OperationalError, connections
+
+from django_idempotency.models import IdempotencyKey
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Field
+
+# PostgreSQL SQLSTATE lock_not_available: raised when lock_timeout expires.
+LOCK_NOT_AVAILABLE = "55P03"
+SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite"})
+
+
+class KeyBusy(Exception):
+    """Another request holds the key and did not finish within the wait bound."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A key row this request owns until it completes; ``lease_version`` fences the final write."""
+
+    id: int
+    lease_version: int
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    replay_count: int
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A live row holds the key and cannot be replayed for this request."""
+
+    fingerprint_matches: bool
+
+
+def _is_lock_timeout(exc: OperationalError) -> bool:
+    cause = exc.__cause__
+    # psycopg 3 names it sqlstate, psycopg2 pgcode; SQLite says "database is locked".
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    return code == LOCK_NOT_AVAILABLE or "database is locked" in str(exc)
+
+
+def _field(name: str) -> Field[Any, Any]:
+    return cast("Field[Any, Any]", IdempotencyKey._meta.get_field(name))
+
+
+class KeyStore:
+    """SQL for one database alias. Build with ``KeyStore(alias)``; cheap to create."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.connection: BaseDatabaseWrapper = connections[using]
+
+    def _column(self, name: str) -> str:
+        return self.connection.ops.quote_name(_field(name).column)
+
+    def _prep(self, name: str, value: Any) -> Any:
+        return _field(name).get_db_prep_save(value, self.connection)
+
+    @cached_property
+    def _table(self) -> str:
+        return self.connection.ops.quote_name(IdempotencyKey._meta.db_table)
+
+    @cached_property
+    def _claim_sql(self) -> str:
+        c = self._column
+        t = self._table
+        inserted = [
+            "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
+            "response_headers", "created_at", "expires_at", "replay_count",
+        ]  # fmt: skip
+        reset = ["response_status", "response_body", "completed_at", "last_replayed_at"]
+        # Taking over an expired row starts it afresh, under a new lease version.
+        updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
+        updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
+        updates.update(dict.fromkeys(reset, "NULL"))
+        assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
+        # Only identifiers quoted by the backend are interpolated; values are parameters.
+        return (
+            f"INSERT INTO {t} ({', '.join(c(name) for name in inserted)}) "  # noqa: S608
+            f"VALUES ({', '.join(['%s'] * len(inserted))}) "
+            f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
+            f"WHERE {t}.{c('expires_at')} <= %s "
+            f"RETURNING {c('id')}, {c('lease_version')}"
+        )
+
+    @cached_property
+    def _replay_sql(self) -> str:
+        c = self._column
+        return (
+            f"UPDATE {self._table} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
+            f"{c('last_replayed_at')} = %s "
+            f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
+            f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
+            f"RETURNING {c('id')}, {c('response_status')}, {c('response_headers')}, "
+            f"{c('response_body')}, {c('replay_count')}"
+        )
+
+    def claim(
+        self,
+        *,
+        scope: str,
+        key: str,
+        method: str,
+        route: str,
+        fingerprint: str,
+        now: datetime,
+        expires_at: datetime,
+        wait_timeout: float,
+    ) -> Claim | None:
+        """Insert the key row, or take over an expired one. ``None`` if a live row holds it.
+
+        Must run inside ``transaction.atomic``. Raises ``KeyBusy`` when the wait is exceeded.
+        """
+        params = [
+            scope, key, method, route, fingerprint, IdempotencyKey.State.IN_PROGRESS, 1,
+            self._prep("response_headers", []), self._prep("created_at", now),
+            self._prep("expires_at", expires_at), 0, self._prep("expires_at", now),
+        ]  # fmt: skip
+        postgresql = self.connection.vendor == "postgresql"
+        with self.connection.cursor() as cursor:
+            if postgresql:
+                # SET LOCAL lasts until the transaction ends; restore the previous value before
+                # the view runs so that only the claim's wait is bounded.
+                cursor.execute(
+                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+                    [f"{max(1, round(wait_timeout * 1000))}ms"],
+                )
+                previous_timeout = cursor.fetchone()[0]
+            try:
+                cursor.execute(self._claim_sql, params)
+            except OperationalError as exc:
+                if _is_lock_timeout(exc):
+                    raise KeyBusy from exc
+                raise
+            row = cursor.fetchone()
+            if row is not None and postgresql:
+                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous_timeout])
+        return Claim(id=row[0], lease_version=row[1]) if row is not None else None
+
+    def replay(
+        self, *, scope: str, key: str, fingerprint: str, now: datetime
+    ) -> StoredResponse | Conflict:
+        """Count a replay of the completed row and return its response, or say why not."""
+        prepared_now = self._prep("last_replayed_at", now)
+        params = [
+            prepared_now,
+            scope,
+            key,
+            IdempotencyKey.State.SUCCEEDED,
+            fingerprint,
+            prepared_now,
+        ]
+        rows = list(IdempotencyKey.objects.using(self.using).raw(self._replay_sql, params))
+        if rows:
+            record = rows[0]
+            return StoredResponse(
+                status=record.response_status or 200,
+                headers=[(name, value) for name, value in record.response_headers],
+                body=bytes(record.response_body or b""),
+                replay_count=record.replay_count,
+            )
+        stored_fingerprint = (
+            IdempotencyKey.objects.using(self.using)
+            .filter(scope=scope, key=key)
+            .values_list("fingerprint", flat=True)
+            .first()
+        )
+        return Conflict(fingerprint_matches=stored_fingerprint in (None, fingerprint))
+
+    def complete(
+        self,
+        claim: Claim,
+        *,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        now: datetime,
+    ) -> bool:
+        """Store the response on the claimed row. ``False`` if another request took it over."""
+        updated = (
+            IdempotencyKey.objects.using(self.using)
+            .filter(pk=claim.id, lease_version=claim.lease_version)
+            .update(
+                state=IdempotencyKey.State.SUCCEEDED,
+                response_status=status,
+                response_headers=headers,
+                response_body=body,
+                completed_at=now,
+                locked_until=None,
+            )
+        )
+        return updated == 1

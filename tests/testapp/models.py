@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class Payment(models.Model):
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True)
+    amount = models.PositiveIntegerField()
+    currency = models.CharField(max_length=3, default="EUR")
+
+
+class LedgerEntry(models.Model):
+    payment = models.ForeignKey(Payment, on_delete=models.CASCADE)
+    amount = models.IntegerField()

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
+
+from tests.testapp import views
+
+router = SimpleRouter()
+router.register("viewset-payments", views.PaymentViewSet, basename="viewset-payment")
+
+urlpatterns = [
+    path("payments/", views.PaymentView.as_view()),
+    path("payments/other-route/", views.PaymentView.as_view()),
+    path("tenant/<str:tenant>/payments/", views.PaymentView.as_view()),
+    path("throttled/", views.ThrottledPaymentView.as_view()),
+    path("optional/", views.OptionalKeyPaymentView.as_view()),
+    path("put/", views.PutPaymentView.as_view()),
+    path("headers/", views.TenantPaymentView.as_view()),
+    path("anonymous/", views.AnonymousPaymentView.as_view()),
+    path("plain/", views.plain_payment),
+    path("plain-optional/", views.plain_optional),
+    path("upload/", views.upload),
+    path("streaming/", views.streaming),
+    path("empty/", views.empty),
+    path("api/", include(router.urls)),
+]

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import json
+import time
+
+from django.http import HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.throttling import UserRateThrottle
+from rest_framework.views import APIView
+
+from django_idempotency.decorators import idempotent
+from django_idempotency.drf import IdempotentMixin
+from tests.testapp.models import LedgerEntry, Payment
+
+
+class PaymentSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = Payment
+        fields = ["id", "amount", "currency"]
+
+
+def create_payment(request, data):
+    """Write a payment and its ledger entry, then misbehave as the query string asks."""
+    payment = Payment.objects.create(
+        owner=request.user if request.user.is_authenticated else None,
+        amount=data["amount"],
+        currency=data.get("currency", "EUR"),
+    )
+    LedgerEntry.objects.create(payment=payment, amount=payment.amount)
+    if hold := request.GET.get("hold"):
+        time.sleep(float(hold))
+    if request.GET.get("fail") == "exception":
+        raise RuntimeError("boom after the write")
+    return payment
+
+
+class PaymentView(IdempotentMixin, APIView):
+    def post(self, request):
+        serializer = PaymentSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        payment = create_payment(request, serializer.validated_data)
+        if forced := request.GET.get("status"):
+            return Response({"forced": forced}, status=int(forced))
+        response = Response(PaymentSerializer(payment).data, status=status.HTTP_201_CREATED)
+        response["Location"] = f"/payments/{payment.pk}/"
+        response["ETag"] = f'"payment-{payment.pk}"'
+        response.set_cookie("flavour", "chocolate")
+        return response
+
+    def get(self, request):
+        return Response({"count": Payment.objects.count()})
+
+    def delete(self, request):
+        deleted, _ = Payment.objects.all().delete()
+        return Response({"deleted": deleted})
+
+
+class ThrottledPaymentView(PaymentView):
+    throttle_classes = [UserRateThrottle]
+
+
+class OptionalKeyPaymentView(PaymentView):
+    idempotency_required = False
+
+
+class PutPaymentView(IdempotentMixin, APIView):
+    idempotency_methods = ("POST", "PUT")
+
+    def put(self, request):
+        payment = create_payment(request, request.data)
+        return Response({"id": payment.pk})
+
+
+class TenantPaymentView(PaymentView):
+    idempotency_fingerprint_headers = ("X-Tenant",)
+
+
+class AnonymousPaymentView(PaymentView):
+    permission_classes = [AllowAny]
+    authentication_classes = []
+
+
+class PaymentViewSet(IdempotentMixin, viewsets.ModelViewSet):
+    serializer_class = PaymentSerializer
+    queryset = Payment.objects.all()
+
+    def perform_create(self, serializer):
+        payment = serializer.save(owner=self.request.user)
+        LedgerEntry.objects.create(payment=payment, amount=payment.amount)
+
+    @action(detail=True, methods=["post"])
+    def refund(self, request, pk=None):
+        payment = self.get_object()
+        if payment.amount == 0:
+            raise ValidationError({"amount": "already refunded"})
+        entry = LedgerEntry.objects.create(payment=payment, amount=-payment.amount)
+        return Response({"refunded": payment.amount, "entry": entry.pk}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def plain_payment(request):
+    if request.method == "GET":
+        return JsonResponse({"count": Payment.objects.count()})
+    data = json.loads(request.body)
+    payment = create_payment(request, data)
+    if forced := request.GET.get("status"):
+        return JsonResponse({"forced": forced}, status=int(forced))
+    return JsonResponse({"id": payment.pk, "amount": payment.amount}, status=201)
+
+
+@csrf_exempt
+@idempotent(required=False, ttl=60)
+def plain_optional(request):
+    payment = create_payment(request, json.loads(request.body))
+    return JsonResponse({"id": payment.pk}, status=201)
+
+
+@csrf_exempt
+@idempotent
+def upload(request):
+    upload = request.FILES["file"]
+    size = sum(len(chunk) for chunk in upload.chunks())
+    payment = Payment.objects.create(amount=size, currency="UPL")
+    return JsonResponse(
+        {"id": payment.pk, "size": size, "note": request.POST.get("note")}, status=201
+    )
+
+
+@csrf_exempt
+@idempotent
+def streaming(request):
+    from django.http import StreamingHttpResponse
+
+    Payment.objects.create(amount=1)
+    return StreamingHttpResponse((part for part in [b"chunk-1,", b"chunk-2"]), status=201)
+
+
+@csrf_exempt
+@idempotent
+def empty(request):
+    Payment.objects.create(amount=2)
+    response = HttpResponse(status=204)
+    del response["Content-Type"]
+    return response
