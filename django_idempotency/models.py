@@ -37,7 +37,7 @@ class IdempotencyKey(models.Model):
     response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
     response_headers = models.JSONField(
         _("response headers"),
-        default=list,
+        null=True,
         blank=True,
         help_text=_("The stored response's headers as [name, value] pairs, in order."),
     )

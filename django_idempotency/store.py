@@ -4,7 +4,8 @@ The unique index on (scope, key) is the only arbiter of races. A claim is one
 ``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or takes over
 an expired one, and returns nothing when a live row holds the key. Inside a transaction a duplicate
 blocks on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the
-wait is bounded by ``lock_timeout``.
+wait is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the
+wait there is its busy timeout.
 """
 
 from __future__ import annotations
@@ -89,21 +90,35 @@ class KeyStore:
         t = self._table
         inserted = [
             "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
-            "response_headers", "created_at", "expires_at", "replay_count",
+            "created_at", "expires_at", "replay_count",
         ]  # fmt: skip
-        reset = ["response_status", "response_body", "completed_at", "last_replayed_at"]
+        reset = [
+            "response_status", "response_headers", "response_body", "completed_at",
+            "last_replayed_at",
+        ]  # fmt: skip
         # Taking over an expired row starts it afresh, under a new lease version.
         updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
         updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
         updates.update(dict.fromkeys(reset, "NULL"))
         assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
-        # Only identifiers quoted by the backend are interpolated; values are parameters.
-        return (
-            f"INSERT INTO {t} ({', '.join(c(name) for name in inserted)}) "  # noqa: S608
-            f"VALUES ({', '.join(['%s'] * len(inserted))}) "
+        columns = ", ".join(c(name) for name in inserted)
+        values = ", ".join(["%s"] * len(inserted))
+        conflict = (
             f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
             f"WHERE {t}.{c('expires_at')} <= %s "
             f"RETURNING {c('id')}, {c('lease_version')}"
+        )
+        # Only identifiers quoted by the backend are interpolated; values are parameters.
+        if self.connection.vendor != "postgresql":
+            return f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
+        # One round trip on PostgreSQL: the CTE sets a transaction-local lock_timeout before
+        # the insert can wait on a duplicate's uncommitted row, and RETURNING puts the previous
+        # value back once the claim is won, so the view's own queries are not bounded by it.
+        return (
+            "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
+            "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "
+            f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded {conflict}, "
+            "set_config('lock_timeout', (SELECT value FROM previous), true)"
         )
 
     @cached_property
@@ -136,19 +151,12 @@ class KeyStore:
         """
         params = [
             scope, key, method, route, fingerprint, IdempotencyKey.State.IN_PROGRESS, 1,
-            self._prep("response_headers", []), self._prep("created_at", now),
-            self._prep("expires_at", expires_at), 0, self._prep("expires_at", now),
+            self._prep("created_at", now), self._prep("expires_at", expires_at), 0,
+            self._prep("expires_at", now),
         ]  # fmt: skip
-        postgresql = self.connection.vendor == "postgresql"
+        if self.connection.vendor == "postgresql":
+            params.insert(0, f"{max(1, round(wait_timeout * 1000))}ms")
         with self.connection.cursor() as cursor:
-            if postgresql:
-                # SET LOCAL lasts until the transaction ends; restore the previous value before
-                # the view runs so that only the claim's wait is bounded.
-                cursor.execute(
-                    "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
-                    [f"{max(1, round(wait_timeout * 1000))}ms"],
-                )
-                previous_timeout = cursor.fetchone()[0]
             try:
                 cursor.execute(self._claim_sql, params)
             except OperationalError as exc:
@@ -156,8 +164,6 @@ class KeyStore:
                     raise KeyBusy from exc
                 raise
             row = cursor.fetchone()
-            if row is not None and postgresql:
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous_timeout])
         return Claim(id=row[0], lease_version=row[1]) if row is not None else None
 
     def replay(
@@ -178,7 +184,7 @@ class KeyStore:
             record = rows[0]
             return StoredResponse(
                 status=record.response_status or 200,
-                headers=[(name, value) for name, value in record.response_headers],
+                headers=[(name, value) for name, value in record.response_headers or []],
                 body=bytes(record.response_body or b""),
                 replay_count=record.replay_count,
             )

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import os
 import uuid
 
@@ -46,8 +47,6 @@ class ApiClient(Client):
 
 
 def _json(data) -> str:
-    import json
-
     return json.dumps(data)
 
 

@@ -1,4 +1,4 @@
-"""Minimal settings for the test suite: SQLite by default, PostgreSQL with TEST_DATABASE=postgresql."""
+"""Test settings: SQLite by default, PostgreSQL with TEST_DATABASE=postgresql."""
 
 from __future__ import annotations
 

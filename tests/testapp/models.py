@@ -9,7 +9,13 @@ class Payment(models.Model):
     amount = models.PositiveIntegerField()
     currency = models.CharField(max_length=3, default="EUR")
 
+    def __str__(self) -> str:
+        return f"{self.amount} {self.currency}"
+
 
 class LedgerEntry(models.Model):
     payment = models.ForeignKey(Payment, on_delete=models.CASCADE)
     amount = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"{self.amount} for payment {self.payment_id}"

@@ -22,5 +22,6 @@ urlpatterns = [
     path("upload/", views.upload),
     path("streaming/", views.streaming),
     path("empty/", views.empty),
+    path("lock-timeout/", views.lock_timeout),
     path("api/", include(router.urls)),
 ]

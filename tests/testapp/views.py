@@ -3,7 +3,8 @@ from __future__ import annotations
 import json
 import time
 
-from django.http import HttpResponse, JsonResponse
+from django.db import connection
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -25,26 +26,30 @@ class PaymentSerializer(serializers.ModelSerializer):
 
 
 def create_payment(request, data):
-    """Write a payment and its ledger entry, then misbehave as the query string asks."""
+    """Write a payment and its ledger entry, then misbehave as the X-Hold/X-Fail headers ask."""
     payment = Payment.objects.create(
         owner=request.user if request.user.is_authenticated else None,
         amount=data["amount"],
         currency=data.get("currency", "EUR"),
     )
     LedgerEntry.objects.create(payment=payment, amount=payment.amount)
-    if hold := request.GET.get("hold"):
+    if hold := request.headers.get("X-Hold"):
         time.sleep(float(hold))
-    if request.GET.get("fail") == "exception":
+    if request.headers.get("X-Fail") == "exception":
         raise RuntimeError("boom after the write")
+    if request.headers.get("X-Fail") == "disconnect":
+        # The server ends this session, as a failover or a restart would.
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     return payment
 
 
 class PaymentView(IdempotentMixin, APIView):
-    def post(self, request):
+    def post(self, request, **kwargs):
         serializer = PaymentSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         payment = create_payment(request, serializer.validated_data)
-        if forced := request.GET.get("status"):
+        if forced := request.headers.get("X-Status"):
             return Response({"forced": forced}, status=int(forced))
         response = Response(PaymentSerializer(payment).data, status=status.HTTP_201_CREATED)
         response["Location"] = f"/payments/{payment.pk}/"
@@ -60,8 +65,12 @@ class PaymentView(IdempotentMixin, APIView):
         return Response({"deleted": deleted})
 
 
+class TwoPerMinute(UserRateThrottle):
+    rate = "2/minute"
+
+
 class ThrottledPaymentView(PaymentView):
-    throttle_classes = [UserRateThrottle]
+    throttle_classes = [TwoPerMinute]
 
 
 class OptionalKeyPaymentView(PaymentView):
@@ -109,7 +118,7 @@ def plain_payment(request):
         return JsonResponse({"count": Payment.objects.count()})
     data = json.loads(request.body)
     payment = create_payment(request, data)
-    if forced := request.GET.get("status"):
+    if forced := request.headers.get("X-Status"):
         return JsonResponse({"forced": forced}, status=int(forced))
     return JsonResponse({"id": payment.pk, "amount": payment.amount}, status=201)
 
@@ -135,8 +144,6 @@ def upload(request):
 @csrf_exempt
 @idempotent
 def streaming(request):
-    from django.http import StreamingHttpResponse
-
     Payment.objects.create(amount=1)
     return StreamingHttpResponse((part for part in [b"chunk-1,", b"chunk-2"]), status=201)
 
@@ -148,3 +155,13 @@ def empty(request):
     response = HttpResponse(status=204)
     del response["Content-Type"]
     return response
+
+
+@csrf_exempt
+@idempotent
+def lock_timeout(request):
+    """Report the lock_timeout the view runs under (PostgreSQL only)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        (value,) = cursor.fetchone()
+    return JsonResponse({"lock_timeout": value}, status=201)

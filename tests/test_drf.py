@@ -1,0 +1,329 @@
+"""The HTTP contract (DESIGN §2) through the DRF mixin, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.cache import cache
+from django.test import override_settings
+
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import ApiClient
+from tests.testapp.models import LedgerEntry, Payment
+
+pytestmark = pytest.mark.django_db
+
+
+def problem(response) -> dict:
+    assert response["Content-Type"] == "application/problem+json"
+    body = json.loads(response.content)
+    assert set(body) == {"type", "title", "status", "detail", "code"}
+    assert body["status"] == response.status_code
+    assert body["type"].endswith(body["code"])
+    return body
+
+
+def effects() -> tuple[int, int, int]:
+    return Payment.objects.count(), LedgerEntry.objects.count(), IdempotencyKey.objects.count()
+
+
+class TestFirstRequestAndReplay:
+    def test_first_request_runs_and_is_stored(self, client_alice, key):
+        response = client_alice.send("POST", "/payments/", {"amount": 1000}, key=key)
+
+        assert response.status_code == 201
+        assert response["Idempotency-Status"] == "stored"
+        assert "Idempotent-Replayed" not in response
+        assert effects() == (1, 1, 1)
+        row = IdempotencyKey.objects.get()
+        assert row.state == IdempotencyKey.State.SUCCEEDED
+        assert row.key == key
+        assert row.method == "POST"
+        assert row.route == "payments/"
+        assert row.response_status == 201
+        assert bytes(row.response_body) == response.content
+        assert len(row.fingerprint) == 64
+
+    def test_replay_returns_the_stored_answer_without_running_the_view(self, client_alice, key):
+        first = client_alice.send("POST", "/payments/", {"amount": 1000}, key=key)
+        second = client_alice.send("POST", "/payments/", {"amount": 1000}, key=key)
+
+        assert second.status_code == first.status_code == 201
+        assert second.content == first.content
+        for header in ("Content-Type", "Location", "ETag", "Vary", "Allow"):
+            assert second[header] == first[header]
+        assert second["Idempotency-Status"] == "replayed"
+        assert second["Idempotent-Replayed"] == "true"
+        assert effects() == (1, 1, 1)
+
+    def test_replay_never_carries_the_first_responses_cookies(self, client_alice, key):
+        first = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+        assert "flavour" in first.cookies
+        second = ApiClient(client_alice.user).send("POST", "/payments/", {"amount": 5}, key=key)
+        assert "flavour" not in second.cookies
+        assert "Set-Cookie" not in second
+
+    def test_replays_are_counted(self, client_alice, key):
+        for _ in range(3):
+            client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+        row = IdempotencyKey.objects.get()
+        assert row.replay_count == 2
+        assert row.last_replayed_at is not None
+
+    def test_json_key_order_and_whitespace_do_not_matter(self, client_alice, key):
+        client_alice.send("POST", "/payments/", '{"amount": 7, "currency": "USD"}', key=key)
+        second = client_alice.send("POST", "/payments/", '{ "currency":"USD","amount":7 }', key=key)
+        assert second["Idempotency-Status"] == "replayed"
+        assert effects() == (1, 1, 1)
+
+
+class TestMismatch:
+    def test_same_key_with_a_different_body_is_422_and_changes_nothing(self, client_alice, key):
+        first = client_alice.send("POST", "/payments/", {"amount": 1000}, key=key)
+        second = client_alice.send("POST", "/payments/", {"amount": 2000}, key=key)
+
+        assert second.status_code == 422
+        assert problem(second)["code"] == "idempotency.payload_mismatch"
+        assert effects() == (1, 1, 1)
+        row = IdempotencyKey.objects.get()
+        assert bytes(row.response_body) == first.content
+        assert row.replay_count == 0
+
+    def test_a_different_query_string_is_a_different_request(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        second = client_alice.send("POST", "/payments/?currency=USD", {"amount": 1}, key=key)
+        assert second.status_code == 422
+
+    def test_named_fingerprint_headers_take_part(self, client_alice, key):
+        client_alice.send("POST", "/headers/", {"amount": 1}, key=key, headers={"X-Tenant": "a"})
+        same = client_alice.send(
+            "POST", "/headers/", {"amount": 1}, key=key, headers={"X-Tenant": "a"}
+        )
+        other = client_alice.send(
+            "POST", "/headers/", {"amount": 1}, key=key, headers={"X-Tenant": "b"}
+        )
+        assert same["Idempotency-Status"] == "replayed"
+        assert other.status_code == 422
+
+
+class TestKeyHeader:
+    def test_missing_key_is_400(self, client_alice):
+        response = client_alice.send("POST", "/payments/", {"amount": 1})
+        assert response.status_code == 400
+        assert problem(response)["code"] == "idempotency.key_missing"
+        assert effects() == (0, 0, 0)
+
+    def test_optional_key_runs_without_dedupe(self, client_alice):
+        client_alice.send("POST", "/optional/", {"amount": 1})
+        client_alice.send("POST", "/optional/", {"amount": 1})
+        assert effects() == (2, 2, 0)
+
+    @override_settings(IDEMPOTENCY={"KEY_REQUIRED": False})
+    def test_the_setting_makes_keys_optional_everywhere(self, client_alice):
+        response = client_alice.send("POST", "/payments/", {"amount": 1})
+        assert response.status_code == 201
+        assert "Idempotency-Status" not in response
+
+    @pytest.mark.parametrize(
+        "bad_key",
+        [
+            "",
+            "a" * 256,
+            "has space",
+            "tab\there",
+            "caf\u00e9",
+            "\x7f",
+            '"unterminated',
+            '"bad \\x escape"',
+            '""',
+            '"' + "a" * 256 + '"',
+        ],
+        ids=[
+            "empty",
+            "too-long",
+            "space",
+            "tab",
+            "non-ascii",
+            "del",
+            "unterminated-quote",
+            "bad-escape",
+            "empty-quoted",
+            "too-long-quoted",
+        ],
+    )
+    def test_malformed_keys_are_400_never_500(self, client_alice, bad_key):
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=bad_key)
+        assert response.status_code == 400
+        assert problem(response)["code"] == "idempotency.key_invalid"
+        assert effects() == (0, 0, 0)
+
+    def test_a_key_of_255_visible_characters_is_accepted(self, client_alice):
+        key = "~" * 255
+        assert client_alice.send("POST", "/payments/", {"amount": 1}, key=key).status_code == 201
+
+    def test_quoted_and_bare_forms_name_the_same_key(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        quoted = client_alice.send("POST", "/payments/", {"amount": 1}, key=f'"{key}"')
+        assert quoted["Idempotency-Status"] == "replayed"
+        assert IdempotencyKey.objects.get().key == key
+
+    @override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key"})
+    def test_the_header_name_is_a_setting(self, client_alice, key):
+        response = client_alice.send(
+            "POST", "/payments/", {"amount": 1}, headers={"X-Request-Key": key}
+        )
+        assert response["Idempotency-Status"] == "stored"
+
+    @pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS"])
+    def test_safe_methods_ignore_the_header(self, client_alice, key, method):
+        response = client_alice.send(method, "/payments/", key=key)
+        assert response.status_code == 200
+        assert "Idempotency-Status" not in response
+        assert IdempotencyKey.objects.count() == 0
+
+
+class TestWhatIsStored:
+    def test_a_deterministic_4xx_is_stored_and_replayed(self, client_alice, key):
+        first = client_alice.send("POST", "/payments/", {"amount": -1}, key=key)
+        second = client_alice.send("POST", "/payments/", {"amount": -1}, key=key)
+        assert first.status_code == second.status_code == 400
+        assert first["Idempotency-Status"] == "stored"
+        assert second["Idempotency-Status"] == "replayed"
+        assert second.content == first.content
+
+    @pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 502, 503])
+    def test_retryable_statuses_roll_back_and_release_the_key(self, client_alice, key, status):
+        first = client_alice.send(
+            "POST", "/payments/", {"amount": 1}, key=key, headers={"X-Status": str(status)}
+        )
+        assert first.status_code == status
+        assert "Idempotency-Status" not in first
+        assert effects() == (0, 0, 0)
+
+        retry = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        assert retry.status_code == 201
+        assert retry["Idempotency-Status"] == "stored"
+        assert effects() == (1, 1, 1)
+
+    @override_settings(IDEMPOTENCY={"RETRYABLE_STATUS_CODES": [409, 429]})
+    def test_retryable_statuses_are_a_setting(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers={"X-Status": "425"})
+        assert effects() == (1, 1, 1)
+
+    def test_an_exception_after_the_write_keeps_nothing_and_the_retry_runs_once(
+        self, client_alice, key
+    ):
+        with pytest.raises(RuntimeError, match="boom"):
+            client_alice.send(
+                "POST", "/payments/", {"amount": 1}, key=key, headers={"X-Fail": "exception"}
+            )
+        assert effects() == (0, 0, 0)
+
+        retry = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        replay = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        assert retry["Idempotency-Status"] == "stored"
+        assert replay["Idempotency-Status"] == "replayed"
+        assert effects() == (1, 1, 1)
+
+
+class TestScope:
+    def test_alice_and_bob_never_share_a_key(self, client_alice, client_bob, key):
+        alice = client_alice.send("POST", "/payments/", {"amount": 100}, key=key)
+        bob = client_bob.send("POST", "/payments/", {"amount": 200}, key=key)
+
+        assert alice["Idempotency-Status"] == bob["Idempotency-Status"] == "stored"
+        assert json.loads(bob.content)["amount"] == 200
+        assert json.loads(alice.content)["id"] != json.loads(bob.content)["id"]
+        assert effects() == (2, 2, 2)
+
+    def test_the_same_key_on_another_route_is_another_operation(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        other = client_alice.send("POST", "/payments/other-route/", {"amount": 1}, key=key)
+        assert other["Idempotency-Status"] == "stored"
+        assert Payment.objects.count() == 2
+
+    def test_the_route_is_the_pattern_not_the_path(self, client_alice, key):
+        client_alice.send("POST", "/tenant/a/payments/", {"amount": 1}, key=key)
+        other_path = client_alice.send("POST", "/tenant/b/payments/", {"amount": 1}, key=key)
+        assert other_path["Idempotency-Status"] == "replayed"
+        assert IdempotencyKey.objects.get().route == "tenant/<str:tenant>/payments/"
+
+    def test_the_same_key_with_another_method_is_another_operation(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        delete = client_alice.send("DELETE", "/payments/", key=key)
+        assert delete["Idempotency-Status"] == "stored"
+        assert IdempotencyKey.objects.count() == 2
+
+    def test_a_replay_still_needs_authentication(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        anonymous = ApiClient().send("POST", "/payments/", {"amount": 1}, key=key)
+        assert anonymous.status_code in (401, 403)
+        assert "Idempotency-Status" not in anonymous
+
+    def test_a_replay_passes_throttling(self, client_alice, key):
+        cache.clear()
+        answers = [
+            client_alice.send("POST", "/throttled/", {"amount": 1}, key=key).status_code
+            for _ in range(3)
+        ]
+        cache.clear()
+        assert answers == [201, 201, 429]
+        assert Payment.objects.count() == 1
+
+    def test_anonymous_requests_share_one_principal_by_default(self, key):
+        ApiClient().send("POST", "/anonymous/", {"amount": 1}, key=key)
+        second = ApiClient().send("POST", "/anonymous/", {"amount": 1}, key=key)
+        assert second["Idempotency-Status"] == "replayed"
+        assert IdempotencyKey.objects.get().scope.startswith("anonymous ")
+
+    @override_settings(IDEMPOTENCY={"ANONYMOUS": "reject"})
+    def test_anonymous_requests_can_be_rejected(self, key):
+        response = ApiClient().send("POST", "/anonymous/", {"amount": 1}, key=key)
+        assert response.status_code == 401
+        assert problem(response)["code"] == "idempotency.anonymous_rejected"
+        assert effects() == (0, 0, 0)
+
+
+class TestMethods:
+    def test_put_is_not_idempotent_unless_asked(self, client_alice, key):
+        payment = Payment.objects.create(amount=1)
+        url = f"/api/viewset-payments/{payment.pk}/"
+        response = client_alice.send("PUT", url, {"amount": 2, "currency": "EUR"}, key=key)
+        assert response.status_code == 200
+        assert "Idempotency-Status" not in response
+        assert IdempotencyKey.objects.count() == 0
+
+    def test_put_opt_in(self, client_alice, key):
+        client_alice.send("PUT", "/put/", {"amount": 3}, key=key)
+        second = client_alice.send("PUT", "/put/", {"amount": 3}, key=key)
+        assert second["Idempotency-Status"] == "replayed"
+        assert Payment.objects.count() == 1
+
+    def test_patch_and_delete_are_idempotent(self, client_alice, key):
+        payment = Payment.objects.create(amount=1)
+        url = f"/api/viewset-payments/{payment.pk}/"
+        client_alice.send("PATCH", url, {"amount": 9}, key=key)
+        second = client_alice.send("PATCH", url, {"amount": 9}, key=key)
+        assert second["Idempotency-Status"] == "replayed"
+        gone = client_alice.send("DELETE", url, key=key)
+        again = client_alice.send("DELETE", url, key=key)
+        assert gone.status_code == again.status_code == 204
+        assert again["Idempotency-Status"] == "replayed"
+
+
+class TestViewSet:
+    def test_create_and_an_action_are_idempotent(self, client_alice, key):
+        created = client_alice.send("POST", "/api/viewset-payments/", {"amount": 40}, key=key)
+        again = client_alice.send("POST", "/api/viewset-payments/", {"amount": 40}, key=key)
+        assert again.content == created.content
+        payment_id = json.loads(created.content)["id"]
+
+        url = f"/api/viewset-payments/{payment_id}/refund/"
+        refund = client_alice.send("POST", url, {}, key="refund-1")
+        replay = client_alice.send("POST", url, {}, key="refund-1")
+        assert refund.status_code == replay.status_code == 201
+        assert replay["Idempotency-Status"] == "replayed"
+        assert replay.content == refund.content
+        assert LedgerEntry.objects.filter(amount=-40).count() == 1
+        assert IdempotencyKey.objects.get(key="refund-1").route.endswith("refund/$")

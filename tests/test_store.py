@@ -1,0 +1,219 @@
+"""Races and failures on PostgreSQL: real threads, each with its own connection."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
+
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import ApiClient
+from tests.testapp.models import LedgerEntry, Payment
+
+pytestmark = [pytest.mark.postgresql, pytest.mark.django_db(transaction=True)]
+
+
+def in_threads(count, work):
+    """Run ``work(i)`` in ``count`` threads released together; return results in order."""
+    barrier = threading.Barrier(count)
+    results = [None] * count
+    errors = []
+
+    def run(index):
+        try:
+            barrier.wait()
+            results[index] = work(index)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(index,)) for index in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+def start(work):
+    """Run ``work()`` in one background thread; ``join()`` returns its result."""
+    result = {}
+
+    def run():
+        try:
+            result["value"] = work()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def join():
+        thread.join(timeout=60)
+        return result["value"]
+
+    return join
+
+
+def wait_for_key_insert(timeout=5.0):
+    """Block until some session holds an uncommitted key row (its INSERT is done)."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                "WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()",
+                [IdempotencyKey._meta.db_table],
+            )
+            if cursor.fetchone()[0]:
+                return
+            time.sleep(0.01)
+    raise AssertionError("no request claimed a key")
+
+
+def test_twenty_concurrent_duplicates_make_one_payment(alice, key):
+    def post(_):
+        return ApiClient(alice).send(
+            "POST", "/payments/", {"amount": 1000}, key=key, headers={"X-Hold": "0.3"}
+        )
+
+    responses = in_threads(20, post)
+
+    assert Payment.objects.count() == 1
+    assert LedgerEntry.objects.count() == 1
+    assert IdempotencyKey.objects.count() == 1
+    statuses = [response.status_code for response in responses]
+    assert all(status in (201, 409) for status in statuses), statuses
+    answered = [response for response in responses if response.status_code == 201]
+    assert len({response.content for response in answered}) == 1
+    assert [response["Idempotency-Status"] for response in answered].count("stored") == 1
+    for response in responses:
+        if response.status_code == 409:
+            assert response["Retry-After"]
+            assert json.loads(response.content)["code"] == "idempotency.in_progress"
+
+
+def test_a_duplicate_waits_for_the_first_and_replays_it(alice, key):
+    first = start(
+        lambda: ApiClient(alice).send(
+            "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
+        )
+    )
+    wait_for_key_insert()
+    duplicate = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
+    original = first()
+
+    assert original["Idempotency-Status"] == "stored"
+    assert duplicate["Idempotency-Status"] == "replayed"
+    assert duplicate.content == original.content
+    assert Payment.objects.count() == 1
+
+
+@override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.2})
+def test_a_duplicate_past_the_wait_bound_gets_409_then_the_replay(alice, key):
+    first = start(
+        lambda: ApiClient(alice).send(
+            "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "3"}
+        )
+    )
+    wait_for_key_insert()
+    started = time.monotonic()
+    busy = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
+    waited = time.monotonic() - started
+    original = first()
+    after = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
+
+    assert busy.status_code == 409
+    assert busy["Retry-After"] == "1"
+    assert json.loads(busy.content)["code"] == "idempotency.in_progress"
+    assert waited < 2, "the duplicate waited for the first request instead of the bound"
+    assert after["Idempotency-Status"] == "replayed"
+    assert after.content == original.content
+    assert Payment.objects.count() == 1
+
+
+def test_a_different_body_waits_and_then_gets_422(alice, key):
+    first = start(
+        lambda: ApiClient(alice).send(
+            "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
+        )
+    )
+    wait_for_key_insert()
+    changed = ApiClient(alice).send("POST", "/payments/", {"amount": 6}, key=key)
+    first()
+
+    assert changed.status_code == 422
+    assert Payment.objects.count() == 1
+
+
+def test_when_the_first_fails_the_waiting_duplicate_runs_instead(alice, key):
+    def failing():
+        client = ApiClient(alice, raise_request_exception=False)
+        headers = {"X-Hold": "0.5", "X-Fail": "exception"}
+        return client.send("POST", "/payments/", {"amount": 5}, key=key, headers=headers)
+
+    first = start(failing)
+    wait_for_key_insert()
+    # The test client reports a view's exception through a process-wide signal, so this
+    # client must not raise the other thread's exception either.
+    duplicate = ApiClient(alice, raise_request_exception=False).send(
+        "POST", "/payments/", {"amount": 5}, key=key
+    )
+
+    assert first().status_code == 500
+    assert duplicate["Idempotency-Status"] == "stored"
+    assert Payment.objects.count() == 1
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key):
+    client = ApiClient(alice)
+    lost = client.send(
+        "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Fail": "disconnect"}
+    )
+
+    assert lost.status_code == 503
+    assert lost["Retry-After"] == "1"
+    assert json.loads(lost.content)["code"] == "idempotency.unavailable"
+    assert (Payment.objects.count(), IdempotencyKey.objects.count()) == (0, 0)
+
+    retry = client.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert retry["Idempotency-Status"] == "stored"
+    assert Payment.objects.count() == 1
+
+
+def test_the_view_runs_without_the_claims_lock_timeout(client_alice, key):
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        (session_value,) = cursor.fetchone()
+    response = client_alice.send("POST", "/lock-timeout/", {}, key=key)
+    assert json.loads(response.content)["lock_timeout"] == session_value
+
+
+def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
+    def statements(captured):
+        sql = [query["sql"] for query in captured]
+        return [text for text in sql if text not in ("BEGIN", "COMMIT")], sql.count("COMMIT")
+
+    with CaptureQueriesContext(connection) as bare:
+        client_alice.send("POST", "/optional/", {"amount": 1})
+    with CaptureQueriesContext(connection) as fresh:
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    with CaptureQueriesContext(connection) as replay:
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+
+    bare_statements, _ = statements(bare)
+    fresh_statements, fresh_commits = statements(fresh)
+    replay_statements, _ = statements(replay)
+    # The claim (lock_timeout included) and the completion, in one transaction.
+    assert len(fresh_statements) == len(bare_statements) + 2, fresh_statements
+    assert fresh_commits == 1
+    # Authentication, the claim that finds the row, and the replay that counts itself.
+    assert len(replay_statements) == 3, replay_statements
