@@ -28,7 +28,7 @@ def in_threads(count, work):
         try:
             barrier.wait()
             results[index] = work(index)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
         finally:
             connection.close()
@@ -69,7 +69,8 @@ def wait_for_key_insert(timeout=5.0):
         while time.monotonic() < deadline:
             cursor.execute(
                 "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-                "WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' AND l.pid <> pg_backend_pid()",
+                "WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' "
+                "AND l.pid <> pg_backend_pid()",
                 [IdempotencyKey._meta.db_table],
             )
             if cursor.fetchone()[0]:

@@ -23,5 +23,7 @@ urlpatterns = [
     path("streaming/", views.streaming),
     path("empty/", views.empty),
     path("lock-timeout/", views.lock_timeout),
+    path("class-based/", views.ClassBasedPayment.as_view()),
+    path("template/", views.template_payment),
     path("api/", include(router.urls)),
 ]

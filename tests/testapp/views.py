@@ -5,6 +5,10 @@ import time
 
 from django.db import connection
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.template import engines
+from django.template.response import TemplateResponse
+from django.utils.decorators import method_decorator
+from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -165,3 +169,20 @@ def lock_timeout(request):
         cursor.execute("SHOW lock_timeout")
         (value,) = cursor.fetchone()
     return JsonResponse({"lock_timeout": value}, status=201)
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+@method_decorator(idempotent(fingerprint_headers=["X-Tenant"]), name="dispatch")
+class ClassBasedPayment(View):
+    def post(self, request):
+        payment = create_payment(request, json.loads(request.body))
+        return JsonResponse({"id": payment.pk}, status=201)
+
+
+def rendered_later(request):
+    Payment.objects.create(amount=3)
+    template = engines["django"].from_string("payment {{ n }}")
+    return TemplateResponse(request, template, {"n": 3}, status=201)
+
+
+template_payment = csrf_exempt(idempotent(rendered_later))

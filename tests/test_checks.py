@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import override_settings
+
+from django_idempotency import checks
+from django_idempotency.checks import check_database, check_settings
+
+SOURCE = Path(checks.__file__).read_text()
+
+
+def ids(messages):
+    return [message.id for message in messages]
+
+
+def test_the_checks_are_registered_and_pass():
+    call_command("check")  # raises SystemCheckError on any error
+
+
+def test_check_ids_are_unique():
+    found = re.findall(r'"(django_idempotency\.[EW]\d{3})"', SOURCE)
+    assert len(found) == len(set(found))
+
+
+@override_settings(IDEMPOTENCY={"TTL": 0})
+def test_the_command_fails_on_a_bad_setting():
+    from django.core.management.base import SystemCheckError  # noqa: PLC0415
+
+    with pytest.raises(SystemCheckError, match="E006"):
+        call_command("check")
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        (["TTL"], ["django_idempotency.E001"]),
+        ({"TIMEOUT": 1}, ["django_idempotency.E002"]),
+        ({"HEADER": "Bad Header"}, ["django_idempotency.E003"]),
+        ({"KEY_REQUIRED": "yes"}, ["django_idempotency.E004"]),
+        ({"METHODS": ["GET"]}, ["django_idempotency.E005"]),
+        ({"METHODS": "POST"}, ["django_idempotency.E005"]),
+        ({"METHODS": []}, ["django_idempotency.E005"]),
+        ({"TTL": -5}, ["django_idempotency.E006"]),
+        ({"TTL": "1d"}, ["django_idempotency.E006"]),
+        ({"WAIT_TIMEOUT": -1}, ["django_idempotency.E007"]),
+        ({"WAIT_TIMEOUT": True}, ["django_idempotency.E007"]),
+        ({"SCOPE_FUNCTION": "no.such.function"}, ["django_idempotency.E008"]),
+        ({"SCOPE_FUNCTION": 42}, ["django_idempotency.E008"]),
+        ({"ANONYMOUS": "allow"}, ["django_idempotency.E009"]),
+        ({"FINGERPRINT_HEADERS": "X-Tenant"}, ["django_idempotency.E010"]),
+        ({"FINGERPRINT_HEADERS": ["bad header"]}, ["django_idempotency.E010"]),
+        ({"RETRYABLE_STATUS_CODES": [99]}, ["django_idempotency.E011"]),
+        ({"RETRYABLE_STATUS_CODES": 429}, ["django_idempotency.E011"]),
+        ({"TIMEOUT": 1, "TTL": 0}, ["django_idempotency.E002", "django_idempotency.E006"]),
+    ],
+)
+def test_bad_settings(setting, expected):
+    with override_settings(IDEMPOTENCY=setting):
+        messages = check_settings()
+    assert ids(messages) == expected
+    assert all(message.hint for message in messages)
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {},
+        {"TTL": timedelta(days=3), "WAIT_TIMEOUT": 0, "METHODS": ("post", "PUT")},
+        {"SCOPE_FUNCTION": lambda request, route: route, "ANONYMOUS": "reject"},
+        {"FINGERPRINT_HEADERS": ["X-Tenant"], "RETRYABLE_STATUS_CODES": [429]},
+        {"HEADER": "X-Idempotency-Key", "KEY_REQUIRED": False},
+    ],
+)
+def test_good_settings(setting):
+    with override_settings(IDEMPOTENCY=setting):
+        assert check_settings() == []
+
+
+def test_an_unproven_database_is_warned_about(monkeypatch):
+    assert check_database() == []
+    monkeypatch.setattr(connection, "vendor", "mysql")
+    assert ids(check_database()) == ["django_idempotency.W001"]

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from django_idempotency.models import IdempotencyKey
+
+
+@pytest.mark.parametrize(
+    "auto_field", ["django.db.models.AutoField", "django.db.models.BigAutoField"]
+)
+@pytest.mark.django_db
+def test_no_missing_migrations(auto_field):
+    with override_settings(DEFAULT_AUTO_FIELD=auto_field):
+        out = StringIO()
+        call_command("makemigrations", "django_idempotency", check=True, dry_run=True, stdout=out)
+    assert "No changes detected" in out.getvalue()
+
+
+def test_the_key_table_has_named_constraints_and_indexes():
+    meta = IdempotencyKey._meta
+    assert [constraint.name for constraint in meta.constraints] == ["idempotency_scope_key_uniq"]
+    assert [index.name for index in meta.indexes] == [
+        "idempotency_expires_idx",
+        "idempotency_lease_idx",
+    ]
+    assert meta.pk.get_internal_type() == "BigAutoField"
+
+
+def test_str():
+    key = IdempotencyKey(key="abc", method="POST", route="payments/")
+    assert str(key) == "abc (POST payments/)"
