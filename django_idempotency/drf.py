@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency.engine import Engine, Policy, default_engine
+from django_idempotency.engine import (
+    DATABASE_UNAVAILABLE,
+    Engine,
+    Policy,
+    default_engine,
+    unavailable_response,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -48,6 +54,13 @@ class IdempotentMixin(_Base):
             fingerprint_headers=self.idempotency_fingerprint_headers,
             retryable_status_codes=self.idempotency_retryable_status_codes,
         )
+
+    def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override] # DRF finalizes any HttpResponseBase
+        # The database can fail before the handler runs too (authentication queries it after
+        # a failover): that is a retryable 503, never a bare 500.
+        if isinstance(exc, DATABASE_UNAVAILABLE):
+            return unavailable_response()
+        return super().handle_exception(exc)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)

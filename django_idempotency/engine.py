@@ -126,6 +126,18 @@ class _Decision:
     attempt: int = 1
 
 
+# Connection lost, server shutting down, deadlock, serialization failure: errors of the
+# database's operation rather than of the code, worth a retry.
+DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
+
+
+def unavailable_response() -> HttpResponse:
+    """Log the current database error and answer 503 ``idempotency.unavailable``."""
+    logger.warning("database unavailable; the transaction was rolled back", exc_info=True)
+    detail = "The database could not complete the request; nothing was kept. Retry it."
+    return problems.problem_response(problems.UNAVAILABLE, detail)
+
+
 def route_of(request: HttpRequest) -> str:
     """The URL pattern that matched ``request``, or its path if it was not resolved."""
     match = request.resolver_match
@@ -224,13 +236,9 @@ class Engine:
             detail = "A request with this key is still being processed; retry later."
             response = problems.problem_response(problems.IN_PROGRESS, detail)
             decision = _Decision(Outcome.IN_PROGRESS, response)
-        except (OperationalError, InterfaceError):
-            # Connection lost, server shutting down, deadlock or serialization failure: the
-            # transaction was rolled back with the key, so the client may safely retry.
-            logger.warning("database unavailable; rolled back", exc_info=True)
-            detail = "The database could not complete the request; nothing was kept. Retry it."
-            response = problems.problem_response(problems.UNAVAILABLE, detail)
-            decision = _Decision(Outcome.UNAVAILABLE, response)
+        except DATABASE_UNAVAILABLE:
+            # The transaction was rolled back with the key, so the client may safely retry.
+            decision = _Decision(Outcome.UNAVAILABLE, unavailable_response())
         decision.key, decision.scope, decision.route = key, scope, route
         return decision
 

@@ -11,7 +11,6 @@ wait there is its busy timeout.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import OperationalError, connections
@@ -19,6 +18,7 @@ from django.db import OperationalError, connections
 from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from datetime import datetime
 
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -67,71 +67,73 @@ def _field(name: str) -> Field[Any, Any]:
     return cast("Field[Any, Any]", IdempotencyKey._meta.get_field(name))
 
 
-class KeyStore:
-    """SQL for one database alias. Build with ``KeyStore(alias)``; cheap to create."""
+def _build_statements(vendor: str, quote: Callable[[str], str]) -> tuple[str, str]:
+    """Build the claim and replay statements: only quoted identifiers are interpolated."""
 
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.connection: BaseDatabaseWrapper = connections[using]
+    def c(name: str) -> str:
+        return quote(_field(name).column)
 
-    def _column(self, name: str) -> str:
-        return self.connection.ops.quote_name(_field(name).column)
-
-    def _prep(self, name: str, value: Any) -> Any:
-        return _field(name).get_db_prep_save(value, self.connection)
-
-    @cached_property
-    def _table(self) -> str:
-        return self.connection.ops.quote_name(IdempotencyKey._meta.db_table)
-
-    @cached_property
-    def _claim_sql(self) -> str:
-        c = self._column
-        t = self._table
-        inserted = [
-            "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
-            "created_at", "expires_at", "replay_count",
-        ]  # fmt: skip
-        reset = [
-            "response_status", "response_headers", "response_body", "completed_at",
-            "last_replayed_at",
-        ]  # fmt: skip
-        # Taking over an expired row starts it afresh, under a new lease version.
-        updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
-        updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
-        updates.update(dict.fromkeys(reset, "NULL"))
-        assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
-        columns = ", ".join(c(name) for name in inserted)
-        values = ", ".join(["%s"] * len(inserted))
-        conflict = (
-            f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
-            f"WHERE {t}.{c('expires_at')} <= %s "
-            f"RETURNING {c('id')}, {c('lease_version')}"
-        )
-        # Only identifiers quoted by the backend are interpolated; values are parameters.
-        if self.connection.vendor != "postgresql":
-            return f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
-        # One round trip on PostgreSQL: the CTE sets a transaction-local lock_timeout before
-        # the insert can wait on a duplicate's uncommitted row, and RETURNING puts the previous
-        # value back once the claim is won, so the view's own queries are not bounded by it.
-        return (
+    t = quote(IdempotencyKey._meta.db_table)
+    inserted = [
+        "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
+        "created_at", "expires_at", "replay_count",
+    ]  # fmt: skip
+    reset = [
+        "response_status", "response_headers", "response_body", "completed_at",
+        "last_replayed_at",
+    ]  # fmt: skip
+    # Taking over an expired row starts it afresh, under a new lease version.
+    updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
+    updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
+    updates.update(dict.fromkeys(reset, "NULL"))
+    assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
+    columns = ", ".join(c(name) for name in inserted)
+    values = ", ".join(["%s"] * len(inserted))
+    conflict = (
+        f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
+        f"WHERE {t}.{c('expires_at')} <= %s "
+        f"RETURNING {c('id')}, {c('lease_version')}"
+    )
+    if vendor == "postgresql":
+        # One round trip: the CTE sets a transaction-local lock_timeout before the insert can
+        # wait on a duplicate's uncommitted row, and RETURNING puts the previous value back
+        # once the claim is won, so the view's own queries are not bounded by it.
+        claim = (
             "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
             "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "
             f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded {conflict}, "
             "set_config('lock_timeout', (SELECT value FROM previous), true)"
         )
+    else:
+        claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
+    replay = (
+        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
+        f"{c('last_replayed_at')} = %s "
+        f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
+        f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
+        f"RETURNING {c('id')}, {c('response_status')}, {c('response_headers')}, "
+        f"{c('response_body')}, {c('replay_count')}"
+    )
+    return claim, replay
 
-    @cached_property
-    def _replay_sql(self) -> str:
-        c = self._column
-        return (
-            f"UPDATE {self._table} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
-            f"{c('last_replayed_at')} = %s "
-            f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
-            f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
-            f"RETURNING {c('id')}, {c('response_status')}, {c('response_headers')}, "
-            f"{c('response_body')}, {c('replay_count')}"
-        )
+
+# Built once per database vendor, not per request.
+_STATEMENTS: dict[str, tuple[str, str]] = {}
+
+
+class KeyStore:
+    """The key table's queries on one database alias; cheap to create for each request."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.connection: BaseDatabaseWrapper = connections[using]
+        vendor = self.connection.vendor
+        if vendor not in _STATEMENTS:
+            _STATEMENTS[vendor] = _build_statements(vendor, self.connection.ops.quote_name)
+        self._claim_sql, self._replay_sql = _STATEMENTS[vendor]
+
+    def _prep(self, name: str, value: Any) -> Any:
+        return _field(name).get_db_prep_save(value, self.connection)
 
     def claim(
         self,

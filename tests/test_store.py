@@ -6,6 +6,7 @@ import json
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection
 from django.test import override_settings
@@ -188,6 +189,24 @@ def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key):
     retry = client.send("POST", "/payments/", {"amount": 5}, key=key)
     assert retry["Idempotency-Status"] == "stored"
     assert Payment.objects.count() == 1
+
+
+def test_a_connection_killed_between_requests_answers_503_not_500(client_alice, key):
+    # As after a failover: the server ended the session while it sat idle, so the next
+    # request's first query (DRF authentication, before the engine) finds it dead.
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    time.sleep(0.1)
+
+    lost = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+
+    assert lost.status_code == 503
+    assert json.loads(lost.content)["code"] == "idempotency.unavailable"
+    # Django drops the dead connection at the end of that request; the retry reconnects.
+    retry = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert retry["Idempotency-Status"] == "stored"
 
 
 def test_the_view_runs_without_the_claims_lock_timeout(client_alice, key):
