@@ -277,7 +277,14 @@ class Engine:
                 mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
                 return _Decision(Outcome.MISMATCH, mismatch)
 
-            response = view()
+            # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises
+            # an API error. A savepoint then undoes just the view's writes, and its answer is
+            # still stored with the key; without ATOMIC_REQUESTS it would cost round trips.
+            atomic_requests = bool(
+                transaction.get_connection(store.using).settings_dict.get("ATOMIC_REQUESTS")
+            )
+            with transaction.atomic(using=store.using, savepoint=atomic_requests):
+                response = view()
             if not policy.stores(response.status_code) or transaction.get_rollback(store.using):
                 # Keep nothing, so that a retry runs on a clean slate.
                 transaction.set_rollback(True, using=store.using)

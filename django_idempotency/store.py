@@ -5,7 +5,7 @@ The unique index on (scope, key) is the only arbiter of races. A claim is one
 an expired one, and returns nothing when a live row holds the key. Inside a transaction a duplicate
 blocks on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the
 wait is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the
-wait there is its busy timeout.
+wait there is the database's busy timeout, and a wait past it is a retryable 503.
 """
 
 from __future__ import annotations
@@ -57,10 +57,10 @@ class Conflict:
 
 
 def _is_lock_timeout(exc: OperationalError) -> bool:
+    # psycopg 3 names it sqlstate, psycopg2 pgcode. SQLite's "database is locked" is not this:
+    # SQLite locks the whole database, so a wait there says nothing about the key.
     cause = exc.__cause__
-    # psycopg 3 names it sqlstate, psycopg2 pgcode; SQLite says "database is locked".
-    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    return code == LOCK_NOT_AVAILABLE or "database is locked" in str(exc)
+    return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
 
 
 def _field(name: str) -> Field[Any, Any]:

@@ -327,3 +327,35 @@ class TestViewSet:
         assert replay.content == refund.content
         assert LedgerEntry.objects.filter(amount=-40).count() == 1
         assert IdempotencyKey.objects.get(key="refund-1").route.endswith("refund/$")
+
+
+class TestAtomicRequests:
+    @pytest.fixture(autouse=True)
+    def atomic_requests(self, monkeypatch):
+        from django.db import connection  # noqa: PLC0415
+
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+
+    def test_an_api_error_after_a_write_is_stored_and_the_write_undone(self, client_alice, key):
+        fail = {"X-Fail": "validation"}
+        first = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+        second = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+
+        assert first.status_code == second.status_code == 400
+        assert first["Idempotency-Status"] == "stored"
+        assert second["Idempotency-Status"] == "replayed"
+        assert second.content == first.content
+        assert effects() == (0, 0, 1)
+
+    def test_success_is_stored_as_usual(self, client_alice, key):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        second = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        assert second["Idempotency-Status"] == "replayed"
+        assert effects() == (1, 1, 1)
+
+    def test_an_exception_still_rolls_everything_back(self, client_alice, key):
+        with pytest.raises(RuntimeError):
+            client_alice.send(
+                "POST", "/payments/", {"amount": 1}, key=key, headers={"X-Fail": "exception"}
+            )
+        assert effects() == (0, 0, 0)

@@ -39,6 +39,8 @@ def create_payment(request, data):
     LedgerEntry.objects.create(payment=payment, amount=payment.amount)
     if hold := request.headers.get("X-Hold"):
         time.sleep(float(hold))
+    if request.headers.get("X-Fail") == "validation":
+        raise ValidationError({"amount": "rejected after the write"})
     if request.headers.get("X-Fail") == "exception":
         raise RuntimeError("boom after the write")
     if request.headers.get("X-Fail") == "disconnect":

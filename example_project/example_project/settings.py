@@ -1,0 +1,139 @@
+"""Settings for the example project: a small payments API made safe to retry.
+
+SQLite by default (``db.sqlite3`` next to ``manage.py``). Set ``DATABASE_URL`` to a
+``postgres://user:password@host:port/name`` URL to use PostgreSQL instead.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+# An example, not a deployment: never use this key, or DEBUG, in production.
+SECRET_KEY = os.environ.get("SECRET_KEY", "django-insecure-example-project-only")
+DEBUG = os.environ.get("DEBUG", "true").lower() in {"1", "true", "yes", "on"}
+ALLOWED_HOSTS = ["testserver", "localhost", "127.0.0.1"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_idempotency",
+    "payments",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def database_from_url(url: str) -> dict[str, Any]:
+    """Turn ``postgres://user:password@host:port/name`` into a ``DATABASES`` entry."""
+    parts = urlsplit(url)
+    if parts.scheme not in {"postgres", "postgresql"}:
+        msg = f"DATABASE_URL must be a postgres:// URL, not {parts.scheme!r}."
+        raise ImproperlyConfigured(msg)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+if database_url := os.environ.get("DATABASE_URL"):
+    DATABASES = {"default": database_from_url(database_url)}
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "db.sqlite3",
+            # Seconds a writer waits for another writer's lock: SQLite runs one write
+            # transaction at a time, so concurrent duplicates queue here.
+            "OPTIONS": {"timeout": 20},
+            # A file, not the in-memory default: the demo's concurrent story runs threads,
+            # each with its own connection.
+            "TEST": {"NAME": BASE_DIR / "test_db.sqlite3"},
+        }
+    }
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.BasicAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 20,
+}
+
+# Every key is optional; these show the defaults.
+IDEMPOTENCY = {
+    # How long a stored response can be replayed.
+    "TTL": timedelta(hours=24),
+    # How long, in seconds, a duplicate waits for the first request before answering 409.
+    "WAIT_TIMEOUT": 3.0,
+    # Whether a request to an idempotent view must carry a key (400 if missing).
+    "KEY_REQUIRED": True,
+}
+
+# Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_idempotency": {"handlers": ["console"], "level": "INFO"}},
+}

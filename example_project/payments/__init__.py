@@ -1,0 +1,3 @@
+"""Payments and refunds, each made safe to retry with an Idempotency-Key."""
+
+from __future__ import annotations

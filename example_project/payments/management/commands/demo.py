@@ -1,0 +1,418 @@
+"""``manage.py demo``: play retry stories against the payments API and check what they did.
+
+Every request goes through Django's test client: the real URLs, authentication, views and
+database, without a server. Each story uses fresh keys, so the demo can run again and again on
+the same database. It exits non-zero when a check fails, so it doubles as a smoke test.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection, models
+from django.db.models import Max
+from django.test import Client
+
+from payments.models import LedgerEntry, Payment, Refund
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from django.core.management.base import CommandParser
+    from django.http import HttpResponse
+
+PASSWORD = "password"
+PAYMENTS = "/api/payments/"
+REFUNDS = "/api/refunds/"
+CONCURRENT_REQUESTS = 8
+# Column widths of the table: story, what was sent, what came back, effect in the database.
+WIDTHS = (22, 38, 38, 17)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a client saw of one response."""
+
+    status: int
+    idempotency_status: str
+    content: bytes
+    data: dict[str, Any]
+    location: str | None
+
+    @classmethod
+    def of(cls, response: HttpResponse) -> Answer:
+        try:
+            data = json.loads(response.content)
+        except ValueError:
+            data = {}
+        return cls(
+            status=response.status_code,
+            idempotency_status=response.get("Idempotency-Status", ""),
+            content=response.content,
+            data=data if isinstance(data, dict) else {},
+            location=response.get("Location"),
+        )
+
+    @property
+    def code(self) -> str | None:
+        return self.data.get("code")
+
+    def describe(self, noun: str = "payment") -> str:
+        """One short line: status, Idempotency-Status, and the id or error code."""
+        if self.code:
+            return f"{self.status} {self.code}"
+        head = f"{self.status} {self.idempotency_status or '-':<8}"
+        if self.status < 300:
+            return f"{head} {noun} {self.data.get('id')}"
+        if self.status == 400:
+            return f"{head} invalid {', '.join(self.data)}"
+        return head
+
+
+class Api:
+    """The payments API as one user sees it, with HTTP Basic authentication."""
+
+    def __init__(self, username: str) -> None:
+        token = base64.b64encode(f"{username}:{PASSWORD}".encode()).decode()
+        self.client = Client(headers={"Authorization": f"Basic {token}"})
+
+    def post(self, path: str, data: dict[str, Any], key: str | None) -> Answer:
+        headers = {"Idempotency-Key": key} if key else {}
+        response = self.client.post(path, data, content_type="application/json", headers=headers)
+        return Answer.of(response)
+
+    def get(self, path: str) -> Answer:
+        return Answer.of(self.client.get(path))
+
+
+@dataclass(frozen=True)
+class Marks:
+    """The newest row of each table, to find the rows a story created."""
+
+    payment: int
+    refund: int
+    ledger_entry: int
+
+    @classmethod
+    def now(cls) -> Marks:
+        def newest(model: type[models.Model]) -> int:
+            return model.objects.aggregate(newest=Max("pk"))["newest"] or 0
+
+        return cls(newest(Payment), newest(Refund), newest(LedgerEntry))
+
+    def new_payments(self) -> list[Payment]:
+        return list(Payment.objects.filter(pk__gt=self.payment).order_by("pk"))
+
+    def new_refunds(self) -> list[Refund]:
+        return list(Refund.objects.filter(pk__gt=self.refund).order_by("pk"))
+
+    def new_ledger_entries(self) -> list[LedgerEntry]:
+        return list(LedgerEntry.objects.filter(pk__gt=self.ledger_entry).order_by("pk"))
+
+    def effect(self) -> list[str]:
+        """The rows created since these marks, as lines for the table."""
+        counts = [
+            (len(self.new_payments()), "payment", "payments"),
+            (len(self.new_refunds()), "refund", "refunds"),
+            (len(self.new_ledger_entries()), "ledger entry", "ledger entries"),
+        ]
+        lines = [f"+{n} {one if n == 1 else many}" for n, one, many in counts if n]
+        return lines or ["no new rows"]
+
+
+@dataclass
+class Story:
+    title: str
+    sent: list[str] = field(default_factory=list)
+    back: list[str] = field(default_factory=list)
+    effect: list[str] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+
+    def exchange(self, sent: str, back: str) -> None:
+        self.sent.append(sent)
+        self.back.append(back)
+
+    def expect(self, condition: bool, failure: str) -> None:
+        if not condition:
+            self.failures.append(failure)
+
+
+def new_key() -> str:
+    return str(uuid.uuid4())
+
+
+def short(key: str) -> str:
+    return f"key {key[:8]}"
+
+
+def payment_data(amount: int, description: str) -> dict[str, Any]:
+    return {"amount": amount, "currency": "eur", "description": description}
+
+
+def double_click() -> Story:
+    story, marks, alice, key = Story("a. double-click"), Marks.now(), Api("alice"), new_key()
+    data = payment_data(1000, "double-click")
+    first = alice.post(PAYMENTS, data, key)
+    story.exchange(f"POST payment 1000 eur, {short(key)}", first.describe())
+    second = alice.post(PAYMENTS, data, key)
+    same = "same bytes" if second.content == first.content else "other bytes!"
+    story.exchange("the same POST again", f"{second.describe()}, {same}")
+    story.effect = marks.effect()
+    story.expect(first.status == 201 and first.idempotency_status == "stored", "first not stored")
+    story.expect(second.idempotency_status == "replayed", "second not replayed")
+    story.expect(second.content == first.content, "replayed body differs")
+    story.expect(second.location == first.location, "replayed Location differs")
+    story.expect(len(marks.new_payments()) == 1, "not exactly one payment")
+    story.expect(len(marks.new_ledger_entries()) == 1, "not exactly one ledger entry")
+    return story
+
+
+def lost_response() -> Story:
+    story, marks, alice, key = Story("b. lost response"), Marks.now(), Api("alice"), new_key()
+    data = payment_data(2500, "lost response")
+    alice.post(PAYMENTS, data, key)
+    story.exchange(f"POST payment 2500 eur, {short(key)}", "(lost: the client times out)")
+    retry = alice.post(PAYMENTS, data, key)
+    story.exchange("retry: the same POST, same key", retry.describe())
+    story.effect = marks.effect()
+    created = marks.new_payments()
+    story.expect(retry.idempotency_status == "replayed", "retry not replayed")
+    story.expect(len(created) == 1, "not exactly one payment")
+    story.expect(
+        bool(created) and retry.data.get("id") == created[0].pk, "retry got another payment"
+    )
+    return story
+
+
+def changed_amount() -> Story:
+    story, marks, alice, key = Story("c. retry, new amount"), Marks.now(), Api("alice"), new_key()
+    first = alice.post(PAYMENTS, payment_data(1000, "changed amount"), key)
+    story.exchange(f"POST payment 1000 eur, {short(key)}", first.describe())
+    retry = alice.post(PAYMENTS, payment_data(1500, "changed amount"), key)
+    story.exchange("retry with 1500 eur, same key", retry.describe())
+    story.effect = marks.effect()
+    created = marks.new_payments()
+    story.expect(retry.status == 422, "changed retry not answered 422")
+    story.expect(retry.code == "idempotency.payload_mismatch", "wrong error code")
+    story.expect([p.amount for p in created] == [1000], "not exactly one payment of 1000")
+    return story
+
+
+def post_at_once(n: int, data: dict[str, Any], key: str) -> list[Answer | Exception]:
+    """Send the same POST from ``n`` threads, released together by a barrier."""
+    barrier = threading.Barrier(n)
+    answers: list[Answer | Exception] = [RuntimeError("no answer")] * n
+
+    def send(index: int) -> None:
+        try:
+            api = Api("alice")
+            barrier.wait()
+            answers[index] = api.post(PAYMENTS, data, key)
+        except Exception as exc:  # reported in the table, not lost in the thread
+            answers[index] = exc
+        finally:
+            # Each thread opened its own connection; close it, or it stays open until exit.
+            connection.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return answers
+
+
+def concurrent_duplicates() -> Story:
+    n = CONCURRENT_REQUESTS
+    story, marks, key = Story(f"d. {n} at the same time"), Marks.now(), new_key()
+    answers = post_at_once(n, payment_data(700, "concurrent"), key)
+    got = [answer for answer in answers if isinstance(answer, Answer)]
+    errors = [answer for answer in answers if isinstance(answer, Exception)]
+    tally = Counter(f"{a.status} {a.code or a.idempotency_status}" for a in got)
+    tally.update(type(error).__name__ for error in errors)
+    ids = {a.data.get("id") for a in got if a.status == 201}
+    # Most common first: on SQLite the duplicates queue for the write lock and then replay.
+    outcomes = [f"{count} got {outcome}" for outcome, count in tally.most_common()]
+    story.sent = [f"{n} threads POST 700 eur at once,", f"all with {short(key)}"]
+    story.back = [*outcomes, f"all 201s name payment {', '.join(map(str, sorted(ids)))}"]
+    story.effect = marks.effect()
+    story.expect(not errors, f"{len(errors)} requests raised")
+    story.expect(
+        all(a.status == 201 or a.code == "idempotency.in_progress" for a in got),
+        "an answer other than 201 or 409 in_progress",
+    )
+    story.expect(tally["201 stored"] == 1, "not exactly one stored answer")
+    story.expect(len({a.content for a in got if a.status == 201}) == 1, "201 bodies differ")
+    story.expect(len(marks.new_payments()) == 1, "not exactly one payment")
+    story.expect(len(marks.new_ledger_entries()) == 1, "not exactly one ledger entry")
+    return story
+
+
+def refund_replayed() -> Story:
+    story, marks, alice = Story("e. refund replayed"), Marks.now(), Api("alice")
+    key = new_key()
+    payment = alice.post(PAYMENTS, payment_data(3000, "refunded"), key)
+    story.exchange(f"POST payment 3000 eur, {short(key)}", payment.describe())
+    payment_id = payment.data.get("id")
+    refund, key = {"payment": payment_id, "amount": 1000}, new_key()
+    first = alice.post(REFUNDS, refund, key)
+    story.exchange(f"POST refund 1000, {short(key)}", first.describe("refund"))
+    second = alice.post(REFUNDS, refund, key)
+    story.exchange("the same refund again", second.describe("refund"))
+    too_much, key = {"payment": payment_id, "amount": 5000}, new_key()
+    over = alice.post(REFUNDS, too_much, key)
+    story.exchange(f"POST refund 5000, {short(key)}", over.describe())
+    over_again = alice.post(REFUNDS, too_much, key)
+    story.exchange("the same over-refund again", over_again.describe())
+    story.effect = marks.effect()
+    refunds = marks.new_refunds()
+    story.expect(payment.status == 201, "payment not created")
+    story.expect(second.idempotency_status == "replayed", "refund not replayed")
+    story.expect(second.content == first.content, "replayed refund differs")
+    story.expect([r.amount for r in refunds] == [1000], "not exactly one refund of 1000")
+    story.expect(len(marks.new_ledger_entries()) == 2, "not one charge and one refund entry")
+    story.expect(over.status == 400 and over.idempotency_status == "stored", "over-refund: no 400")
+    story.expect(over_again.idempotency_status == "replayed", "over-refund 400 not replayed")
+    story.expect(over_again.content == over.content, "replayed 400 differs")
+    return story
+
+
+def two_users() -> Story:
+    story, marks, key = Story("f. alice & bob, 1 key"), Marks.now(), new_key()
+    alice, bob = Api("alice"), Api("bob")
+    for_alice = alice.post(PAYMENTS, payment_data(1200, "alice"), key)
+    story.exchange(f"alice: POST 1200 eur, {short(key)}", for_alice.describe())
+    for_bob = bob.post(PAYMENTS, payment_data(900, "bob"), key)
+    story.exchange(f"bob:   POST 900 eur, {short(key)}", for_bob.describe())
+    peek = bob.get(f"{PAYMENTS}{for_alice.data.get('id')}/")
+    seen = "not found" if peek.status == 404 else "shown to bob!"
+    story.exchange("bob:   GET alice's payment", f"{peek.status} {seen}")
+    story.effect = marks.effect()
+    owners = {p.pk: (p.owner.username, p.amount) for p in marks.new_payments()}
+    story.expect(for_bob.idempotency_status == "stored", "bob's request was not run as his own")
+    story.expect(
+        owners == {for_alice.data.get("id"): ("alice", 1200), for_bob.data.get("id"): ("bob", 900)},
+        "payments not one each, with their own amounts",
+    )
+    story.expect(peek.status == 404, "bob can see alice's payment")
+    return story
+
+
+def missing_key() -> Story:
+    story, marks = Story("g. no key"), Marks.now()
+    answer = Api("alice").post(PAYMENTS, payment_data(1000, "no key"), key=None)
+    story.exchange("POST payment, no key header", answer.describe())
+    story.effect = marks.effect()
+    story.expect(
+        answer.status == 400 and answer.code == "idempotency.key_missing", "not 400 key_missing"
+    )
+    story.expect(not marks.new_payments(), "a payment was created")
+    return story
+
+
+STORIES: list[Callable[[], Story]] = [
+    double_click,
+    lost_response,
+    changed_amount,
+    concurrent_duplicates,
+    refund_replayed,
+    two_users,
+    missing_key,
+]
+
+
+@contextmanager
+def quiet(*names: str) -> Iterator[None]:
+    """Silence loggers below ERROR: the 4xx answers are the point of the stories."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+class Command(BaseCommand):
+    help = "Play idempotency stories against the payments API and check their effect."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--serve",
+            action="store_true",
+            help="Then run the development server on 127.0.0.1:8000.",
+        )
+
+    def handle(self, *args: Any, serve: bool = False, **options: Any) -> None:
+        call_command("migrate", verbosity=0)
+        self.ensure_users()
+        database = connection.settings_dict["NAME"]
+        name = Path(database).name if connection.vendor == "sqlite" else database
+        self.stdout.write(f"Idempotency stories against {connection.vendor} database {name}\n")
+        self.row(("story", "what was sent", "what came back", "database"), "")
+        self.row(tuple("-" * width for width in WIDTHS), "")
+        failed = []
+        with quiet("django.request", "django_idempotency"):
+            for play in STORIES:
+                story = play()
+                self.show(story)
+                if story.failures:
+                    failed.append(story.title)
+        if failed:
+            msg = f"{len(failed)} of {len(STORIES)} stories failed: {', '.join(failed)}."
+            raise CommandError(msg)
+        self.stdout.write(self.style.SUCCESS(f"All {len(STORIES)} stories behaved as promised."))
+        if serve:
+            self.serve()
+
+    def ensure_users(self) -> None:
+        users = get_user_model().objects
+        for username in ("alice", "bob"):
+            if not users.filter(username=username).exists():
+                users.create_user(username=username, password=PASSWORD)
+        if not users.filter(username="admin").exists():
+            users.create_superuser(username="admin", email="", password="admin")
+
+    def row(self, cells: tuple[str, ...], mark: str) -> None:
+        padded = [cell.ljust(width) for cell, width in zip(cells, WIDTHS, strict=True)]
+        self.stdout.write(f"{'  '.join(padded)}  {mark}".rstrip())
+
+    def show(self, story: Story) -> None:
+        mark = self.style.SUCCESS("✔") if not story.failures else self.style.ERROR("✘")
+        height = max(len(story.sent), len(story.back), len(story.effect))
+        for line in range(height):
+            cells = tuple(
+                column[line] if line < len(column) else ""
+                for column in ([story.title], story.sent, story.back, story.effect)
+            )
+            self.row(cells, mark if line == 0 else "")
+        for failure in story.failures:
+            self.stdout.write(self.style.ERROR(f"{'':{WIDTHS[0]}}  ✘ {failure}"))
+        self.stdout.write("")
+
+    def serve(self) -> None:
+        self.stdout.write(
+            "\nThe API:   http://127.0.0.1:8000/api/payments/ and /api/refunds/"
+            f" (alice or bob, password {PASSWORD!r})\n"
+            "The admin: http://127.0.0.1:8000/admin/ (admin, password 'admin')\n"
+            "Try it:\n"
+            "  curl -i -u alice:password -H 'Idempotency-Key: my-first-key' \\\n"
+            "       -H 'Content-Type: application/json' \\\n"
+            '       -d \'{"amount": 1000, "currency": "eur"}\' http://127.0.0.1:8000/api/payments/\n'
+        )
+        # Without the autoreloader: it would start this command, stories and all, a second time.
+        call_command("runserver", "127.0.0.1:8000", use_reloader=False)

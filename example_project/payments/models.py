@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class Payment(models.Model):
+    """Money taken from a customer, in minor units (cents) as Stripe counts it."""
+
+    id = models.BigAutoField(primary_key=True)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.PROTECT,
+        related_name="payments",
+        verbose_name=_("owner"),
+    )
+    amount = models.PositiveBigIntegerField(
+        _("amount"), help_text=_("In minor units: 1000 = 10.00.")
+    )
+    currency = models.CharField(_("currency"), max_length=3, help_text=_("ISO 4217, lower case."))
+    description = models.CharField(_("description"), max_length=255, blank=True)
+    amount_refunded = models.PositiveBigIntegerField(_("amount refunded"), default=0)
+    provider_reference = models.CharField(_("provider reference"), max_length=64)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("payment")
+        verbose_name_plural = _("payments")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"Payment {self.pk}: {self.amount} {self.currency}"
+
+    @property
+    def refundable(self) -> int:
+        """What is left to refund, in minor units."""
+        return self.amount - self.amount_refunded
+
+
+class Refund(models.Model):
+    """Money given back on a payment: part of it or all of it."""
+
+    id = models.BigAutoField(primary_key=True)
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="refunds", verbose_name=_("payment")
+    )
+    amount = models.PositiveBigIntegerField(_("amount"), help_text=_("In minor units."))
+    reason = models.CharField(_("reason"), max_length=255, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("refund")
+        verbose_name_plural = _("refunds")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return (
+            f"Refund {self.pk}: {self.amount} {self.payment.currency} of payment {self.payment_id}"
+        )
+
+
+class LedgerEntry(models.Model):
+    """One line of the books, written in the same transaction as the payment or refund.
+
+    A duplicate request that slipped through would show here as a second line.
+    """
+
+    class Kind(models.TextChoices):
+        CHARGE = "charge", _("charge")
+        REFUND = "refund", _("refund")
+
+    id = models.BigAutoField(primary_key=True)
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="ledger_entries", verbose_name=_("payment")
+    )
+    refund = models.OneToOneField(
+        Refund,
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="ledger_entry",
+        verbose_name=_("refund"),
+    )
+    kind = models.CharField(_("kind"), max_length=16, choices=Kind.choices)
+    amount = models.BigIntegerField(
+        _("amount"), help_text=_("In minor units: positive for a charge, negative for a refund.")
+    )
+    currency = models.CharField(_("currency"), max_length=3)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("ledger entry")
+        verbose_name_plural = _("ledger entries")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        kind = self.get_kind_display()
+        return f"{kind} {self.amount:+d} {self.currency} (payment {self.payment_id})"

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from payments.models import Payment, Refund
+
+
+class PaymentSerializer(serializers.ModelSerializer):
+    # CreateModelMixin turns the "url" field into the 201's Location header.
+    url = serializers.HyperlinkedIdentityField(view_name="payments:payment-detail")
+    amount = serializers.IntegerField(min_value=1, max_value=99_999_999)
+    currency = serializers.RegexField(r"^[A-Za-z]{3}$", max_length=3)
+
+    class Meta:
+        model = Payment
+        fields = [
+            "id",
+            "url",
+            "amount",
+            "currency",
+            "description",
+            "amount_refunded",
+            "provider_reference",
+            "created_at",
+        ]
+        read_only_fields = ["amount_refunded", "provider_reference", "created_at"]
+
+    def validate_currency(self, value: str) -> str:
+        return value.lower()
+
+
+class RefundSerializer(serializers.ModelSerializer):
+    url = serializers.HyperlinkedIdentityField(view_name="payments:refund-detail")
+    amount = serializers.IntegerField(
+        min_value=1, required=False, help_text="Defaults to what is left to refund."
+    )
+
+    class Meta:
+        model = Refund
+        fields = ["id", "url", "payment", "amount", "reason", "created_at"]
+        read_only_fields = ["created_at"]
+
+    def get_fields(self) -> dict[str, Any]:
+        fields = super().get_fields()
+        # Someone else's payment does not exist, as far as this user can tell.
+        request = self.context["request"]
+        fields["payment"].queryset = Payment.objects.filter(owner=request.user)
+        return fields

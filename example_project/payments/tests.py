@@ -1,0 +1,75 @@
+"""End-to-end tests of the example project: real URLs, views and database."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+
+from payments.models import LedgerEntry, Payment, Refund
+
+
+@pytest.fixture(autouse=True)
+def fast_passwords(settings):
+    # Every request authenticates with HTTP Basic: a slow hash per request adds up.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def alice(db):
+    User.objects.create_user("alice", password="password")
+    token = base64.b64encode(b"alice:password").decode()
+    return Client(headers={"Authorization": f"Basic {token}"})
+
+
+def post(client, path, data, key):
+    return client.post(
+        path, data, content_type="application/json", headers={"Idempotency-Key": key}
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_runs_and_every_story_passes(capsys):
+    call_command("demo")
+
+    out = capsys.readouterr().out
+    assert "All 7 stories behaved as promised." in out
+    assert "✘" not in out
+
+
+def test_payment_replay_is_byte_identical(alice):
+    key = str(uuid.uuid4())
+    data = {"amount": 1000, "currency": "EUR", "description": "book"}
+
+    first = post(alice, "/api/payments/", data, key)
+    second = post(alice, "/api/payments/", data, key)
+
+    assert first.status_code == second.status_code == 201
+    assert first["Idempotency-Status"] == "stored"
+    assert second["Idempotency-Status"] == "replayed"
+    assert second["Idempotent-Replayed"] == "true"
+    assert second.content == first.content
+    assert second["Location"] == first["Location"] == first.json()["url"]
+    assert Payment.objects.get().currency == "eur"
+    assert LedgerEntry.objects.get().amount == 1000
+
+
+def test_over_refund_400_is_stored_and_replayed(alice):
+    payment = post(alice, "/api/payments/", {"amount": 3000, "currency": "eur"}, "pay-1").json()
+    key = str(uuid.uuid4())
+    refund = {"payment": payment["id"], "amount": 5000}
+
+    first = post(alice, "/api/refunds/", refund, key)
+    second = post(alice, "/api/refunds/", refund, key)
+
+    assert first.status_code == second.status_code == 400
+    assert "amount" in first.json()
+    assert first["Idempotency-Status"] == "stored"
+    assert second["Idempotency-Status"] == "replayed"
+    assert second.content == first.content
+    assert not Refund.objects.exists()
+    assert Payment.objects.get().amount_refunded == 0

@@ -1,0 +1,91 @@
+"""The payments API. Creating a payment or a refund is safe to retry with an Idempotency-Key.
+
+``IdempotentMixin`` comes first in the bases so that it wraps the handler of the DRF view. It
+runs the handler inside the transaction that holds the key: the payment (or refund) and its
+ledger entry commit together with the stored response, or not at all.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rest_framework import generics
+from rest_framework.exceptions import ValidationError
+
+from django_idempotency.drf import IdempotentMixin
+from payments import provider
+from payments.models import LedgerEntry, Payment, Refund
+from payments.serializers import PaymentSerializer, RefundSerializer
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+
+
+class PaymentList(IdempotentMixin, generics.ListCreateAPIView):
+    """List your payments, or take one: ``POST`` with an ``Idempotency-Key`` header."""
+
+    serializer_class = PaymentSerializer
+
+    def get_queryset(self) -> QuerySet[Payment]:
+        return Payment.objects.filter(owner=self.request.user)
+
+    def perform_create(self, serializer: PaymentSerializer) -> None:
+        data = serializer.validated_data
+        reference = provider.authorize(data["amount"], data["currency"])
+        payment = serializer.save(owner=self.request.user, provider_reference=reference)
+        LedgerEntry.objects.create(
+            payment=payment,
+            kind=LedgerEntry.Kind.CHARGE,
+            amount=payment.amount,
+            currency=payment.currency,
+        )
+
+
+class PaymentDetail(generics.RetrieveAPIView):
+    serializer_class = PaymentSerializer
+
+    def get_queryset(self) -> QuerySet[Payment]:
+        return Payment.objects.filter(owner=self.request.user)
+
+
+class RefundList(IdempotentMixin, generics.ListCreateAPIView):
+    """List your refunds, or refund part or all of a payment (with an ``Idempotency-Key``).
+
+    A refund larger than what is left is a 400: a deterministic answer, so it is stored with the
+    key and replayed, like a success.
+    """
+
+    serializer_class = RefundSerializer
+
+    def get_queryset(self) -> QuerySet[Refund]:
+        return Refund.objects.filter(payment__owner=self.request.user).select_related("payment")
+
+    def perform_create(self, serializer: RefundSerializer) -> None:
+        # Lock the payment: two refunds sent with different keys must not both take what is left.
+        payment = Payment.objects.select_for_update().get(
+            pk=serializer.validated_data["payment"].pk
+        )
+        amount = serializer.validated_data.get("amount", payment.refundable)
+        if not 0 < amount <= payment.refundable:
+            detail = (
+                f"The refund ({amount}) is more than what is left to refund on payment "
+                f"{payment.pk} ({payment.refundable} {payment.currency})."
+            )
+            raise ValidationError({"amount": [detail]})
+        refund = serializer.save(amount=amount)
+        payment.amount_refunded += amount
+        payment.save(update_fields=["amount_refunded"])
+        LedgerEntry.objects.create(
+            payment=payment,
+            refund=refund,
+            kind=LedgerEntry.Kind.REFUND,
+            amount=-amount,
+            currency=payment.currency,
+        )
+
+
+class RefundDetail(generics.RetrieveAPIView):
+    serializer_class = RefundSerializer
+
+    def get_queryset(self) -> QuerySet[Refund]:
+        return Refund.objects.filter(payment__owner=self.request.user).select_related("payment")
