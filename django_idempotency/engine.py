@@ -138,6 +138,17 @@ def unavailable_response() -> HttpResponse:
     return problems.problem_response(problems.UNAVAILABLE, detail)
 
 
+SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
+ROUTE_LENGTH = IdempotencyKey._meta.get_field("route").max_length or 0
+
+
+def _fit_scope(scope: str) -> str:
+    """Keep a long scope unique but within its column: replace it by its digest."""
+    if len(scope) <= SCOPE_LENGTH:
+        return scope
+    return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
+
+
 def route_of(request: HttpRequest) -> str:
     """The URL pattern that matched ``request``, or its path if it was not resolved."""
     match = request.resolver_match
@@ -222,7 +233,7 @@ class Engine:
             )
         route = route_of(request)
         try:
-            scope = policy.scope_function(view_request, route)
+            scope = _fit_scope(policy.scope_function(view_request, route))
         except AnonymousRejected:
             detail = f"Authenticate to send an {policy.header} header to this endpoint."
             response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
@@ -260,7 +271,7 @@ class Engine:
                 scope=scope,
                 key=key,
                 method=request.method or "",
-                route=route,
+                route=route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
                 fingerprint=fingerprint,
                 now=now,
                 expires_at=now + policy.ttl,

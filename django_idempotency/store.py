@@ -10,8 +10,9 @@ wait there is the database's busy timeout, and a wait past it is a retryable 503
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import OperationalError, connections
 
@@ -67,8 +68,14 @@ def _field(name: str) -> Field[Any, Any]:
     return cast("Field[Any, Any]", IdempotencyKey._meta.get_field(name))
 
 
-def _build_statements(vendor: str, quote: Callable[[str], str]) -> tuple[str, str]:
-    """Build the claim and replay statements: only quoted identifiers are interpolated."""
+class _Statements(NamedTuple):
+    claim: str
+    replay: str
+    complete: str
+
+
+def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
+    """Build the key table's statements: only quoted identifiers are interpolated."""
 
     def c(name: str) -> str:
         return quote(_field(name).column)
@@ -111,14 +118,20 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> tuple[str, st
         f"{c('last_replayed_at')} = %s "
         f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
         f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
-        f"RETURNING {c('id')}, {c('response_status')}, {c('response_headers')}, "
-        f"{c('response_body')}, {c('replay_count')}"
+        f"RETURNING {c('response_status')}, {c('response_headers')}, {c('response_body')}, "
+        f"{c('replay_count')}"
     )
-    return claim, replay
+    # The lease version fences the write: a request whose row was taken over changes nothing.
+    complete = (
+        f"UPDATE {t} SET {c('state')} = %s, {c('response_status')} = %s, "  # noqa: S608
+        f"{c('response_headers')} = %s, {c('response_body')} = %s, {c('completed_at')} = %s, "
+        f"{c('locked_until')} = NULL WHERE {c('id')} = %s AND {c('lease_version')} = %s"
+    )
+    return _Statements(claim, replay, complete)
 
 
 # Built once per database vendor, not per request.
-_STATEMENTS: dict[str, tuple[str, str]] = {}
+_STATEMENTS: dict[str, _Statements] = {}
 
 
 class KeyStore:
@@ -130,7 +143,7 @@ class KeyStore:
         vendor = self.connection.vendor
         if vendor not in _STATEMENTS:
             _STATEMENTS[vendor] = _build_statements(vendor, self.connection.ops.quote_name)
-        self._claim_sql, self._replay_sql = _STATEMENTS[vendor]
+        self.sql = _STATEMENTS[vendor]
 
     def _prep(self, name: str, value: Any) -> Any:
         return _field(name).get_db_prep_save(value, self.connection)
@@ -160,7 +173,7 @@ class KeyStore:
             params.insert(0, f"{max(1, round(wait_timeout * 1000))}ms")
         with self.connection.cursor() as cursor:
             try:
-                cursor.execute(self._claim_sql, params)
+                cursor.execute(self.sql.claim, params)
             except OperationalError as exc:
                 if _is_lock_timeout(exc):
                     raise KeyBusy from exc
@@ -181,14 +194,18 @@ class KeyStore:
             fingerprint,
             prepared_now,
         ]
-        rows = list(IdempotencyKey.objects.using(self.using).raw(self._replay_sql, params))
-        if rows:
-            record = rows[0]
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.replay, params)
+            row = cursor.fetchone()
+        if row is not None:
+            status, headers, body, replay_count = row
+            if isinstance(headers, str):  # Django loads JSON columns as text
+                headers = json.loads(headers)
             return StoredResponse(
-                status=record.response_status or 200,
-                headers=[(name, value) for name, value in record.response_headers or []],
-                body=bytes(record.response_body or b""),
-                replay_count=record.replay_count,
+                status=status,
+                headers=[(name, value) for name, value in headers or []],
+                body=bytes(body or b""),
+                replay_count=replay_count,
             )
         stored_fingerprint = (
             IdempotencyKey.objects.using(self.using)
@@ -208,16 +225,15 @@ class KeyStore:
         now: datetime,
     ) -> bool:
         """Store the response on the claimed row. ``False`` if another request took it over."""
-        updated = (
-            IdempotencyKey.objects.using(self.using)
-            .filter(pk=claim.id, lease_version=claim.lease_version)
-            .update(
-                state=IdempotencyKey.State.SUCCEEDED,
-                response_status=status,
-                response_headers=headers,
-                response_body=body,
-                completed_at=now,
-                locked_until=None,
-            )
-        )
-        return updated == 1
+        params = [
+            IdempotencyKey.State.SUCCEEDED,
+            status,
+            self._prep("response_headers", headers),
+            self._prep("response_body", body),
+            self._prep("completed_at", now),
+            claim.id,
+            claim.lease_version,
+        ]
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.complete, params)
+            return bool(cursor.rowcount == 1)

@@ -223,3 +223,20 @@ def test_a_method_the_view_lacks_is_405_and_keeps_nothing(client_alice, key):
     response = client_alice.send("PUT", "/payments/", {"amount": 1}, key=key)
     assert response.status_code == 405
     assert IdempotencyKey.objects.count() == 0
+
+
+def test_a_scope_longer_than_its_column_is_stored_as_its_digest(key):
+    def long_scope(request, route):
+        return "tenant:" + "x" * 600 + route
+
+    request = RequestFactory().post("/" + "r" * 600 + "/", b"{}", content_type="application/json")
+    request.META["HTTP_IDEMPOTENCY_KEY"] = key
+    policy = Policy.from_settings(scope_function=long_scope)
+    first = Engine().handle(request, lambda: HttpResponse(status=201), policy=policy, sender=None)
+    second = Engine().handle(request, lambda: HttpResponse(status=201), policy=policy, sender=None)
+
+    assert first["Idempotency-Status"] == "stored"
+    assert second["Idempotency-Status"] == "replayed"
+    row = IdempotencyKey.objects.get()
+    assert row.scope.startswith("sha256:")
+    assert len(row.route) == 512

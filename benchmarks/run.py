@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""Measure what idempotency costs: the example app under gunicorn on PostgreSQL, driven by wrk.
+
+Scenarios, alternated round by round so that every ratio comes from one run:
+  bare    POST to the payment view without IdempotentMixin
+  fresh   POST to the idempotent payment view, a new key each time
+  replay  POST to the idempotent payment view, always the same key (every answer a replay)
+
+Needs wrk (Debian package "wrk") and a PostgreSQL server (PGHOST/PGPORT/PGUSER, default
+127.0.0.1:5432/postgres). Usage: python benchmarks/run.py [--duration S] [--rounds N] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DATABASE = "idempotency_bench"
+BODY = json.dumps({"amount": 1250, "currency": "EUR", "description": "benchmark"})
+AUTH = "Basic " + base64.b64encode(b"alice:password").decode()
+
+LUA = """
+local counter = 0
+local thread_id = 0
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+end
+function request()
+  counter = counter + 1
+  local headers = {["Content-Type"] = "application/json", ["Authorization"] = "%(auth)s"}
+  local key = "%(key)s"
+  if key == "" then
+    key = string.format("%(prefix)s-%%d-%%d", thread_id, counter)
+  end
+  if key ~= "none" then headers["Idempotency-Key"] = key end
+  return wrk.format("POST", "%(path)s", headers, '%(body)s')
+end
+"""
+
+SCENARIOS = {
+    "bare": {"path": "/bench/bare/payments/", "key": "none"},
+    "fresh": {"path": "/api/payments/", "key": ""},
+    "replay": {"path": "/api/payments/", "key": "the-one-key"},
+}
+
+
+def environment(port: int) -> dict[str, str]:
+    host = os.environ.get("PGHOST", "127.0.0.1")
+    user = os.environ.get("PGUSER", "postgres")
+    pythonpath = os.pathsep.join([str(ROOT), str(ROOT / "example_project")])
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
+        "DATABASE_URL": f"postgres://{user}@{host}:{os.environ.get('PGPORT', '5432')}/{DATABASE}",
+        "PYTHONPATH": pythonpath,
+        "BENCH_PORT": str(port),
+    }
+
+
+def manage(env: dict[str, str], *args: str) -> None:
+    subprocess.run(
+        [sys.executable, str(ROOT / "example_project" / "manage.py"), *args], env=env, check=True
+    )
+
+
+def prepare_database(env: dict[str, str]) -> None:
+    import psycopg  # noqa: PLC0415 - only the benchmark needs it at this point
+
+    admin = {
+        "host": os.environ.get("PGHOST", "127.0.0.1"),
+        "port": os.environ.get("PGPORT", "5432"),
+        "user": os.environ.get("PGUSER", "postgres"),
+        "dbname": "postgres",
+        "autocommit": True,
+    }
+    with psycopg.connect(**admin) as connection:
+        connection.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+        connection.execute(f"CREATE DATABASE {DATABASE}")
+    manage(env, "migrate", "--verbosity", "0")
+    manage(
+        env,
+        "shell",
+        "-c",
+        "from django.contrib.auth.models import User; "
+        "User.objects.create_user('alice', password='password')",
+    )
+
+
+def wait_until_up(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url, timeout=1)  # noqa: S310 - loopback only
+        except urllib.error.HTTPError:
+            return  # any HTTP answer means the server is up
+        except OSError:
+            time.sleep(0.2)
+        else:
+            return
+    raise SystemExit(f"the server did not answer at {url}")
+
+
+def run_wrk(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> dict[str, float]:
+    spec = SCENARIOS[scenario]
+    script = LUA % {
+        "auth": AUTH,
+        "key": spec["key"],
+        "prefix": f"r{round_no}-{time.time_ns()}",
+        "path": spec["path"],
+        "body": BODY,
+    }
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+    command = [
+        "wrk", "--latency", "-t", str(args.threads), "-c", str(args.connections),
+        "-d", f"{args.duration}s", "-s", handle.name, base,
+    ]  # fmt: skip
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    Path(handle.name).unlink()
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    if errors:
+        raise SystemExit(f"{scenario}: {errors.group(1)} non-2xx answers\n{output}")
+    return {
+        "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
+        "p50": _millis(re.search(r"50%\s+([\d.]+\w+)", output).group(1)),  # type: ignore[union-attr]
+        "p99": _millis(re.search(r"99%\s+([\d.]+\w+)", output).group(1)),  # type: ignore[union-attr]
+    }
+
+
+def _millis(text: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=int, default=10, help="seconds per scenario and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+
+    env = environment(args.port)
+    prepare_database(env)
+    gunicorn = [
+        sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
+        "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
+    ]  # fmt: skip
+    server = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
+    base = f"http://127.0.0.1:{args.port}"
+    try:
+        wait_until_up(base + "/api/payments/")
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in SCENARIOS}
+        for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
+            for scenario in SCENARIOS:
+                measured = run_wrk(base, scenario, args, round_no)
+                if round_no:
+                    results[scenario].append(measured)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    report(results, args)
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    median = {
+        name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
+        for name, runs in results.items()
+    }
+    bare = median["bare"]
+    print(
+        f"\n{args.rounds} rounds x {args.duration} s, {args.connections} connections, "
+        f"{args.workers} gunicorn workers; medians of the rounds\n"
+    )
+    print(f"{'scenario':<8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s vs bare':>14}")
+    for name, row in median.items():
+        ratio = row["rps"] / bare["rps"]
+        print(f"{name:<8} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()
