@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import Error, Tags, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 
@@ -148,13 +148,23 @@ def check_database(
 ) -> list[CheckMessage]:
     from django_idempotency.models import IdempotencyKey  # noqa: PLC0415 - needs the app registry
 
-    vendor = connections[router.db_for_write(IdempotencyKey)].vendor
-    if vendor in SUPPORTED_VENDORS:
-        return []
-    return [
-        Warning(
-            f"django_idempotency is proven on PostgreSQL and SQLite, not on {vendor}.",
-            hint="Route IdempotencyKey to a PostgreSQL database, or test your setup carefully.",
-            id="django_idempotency.W001",
-        )
-    ]
+    # The claim is one INSERT … ON CONFLICT … RETURNING: PostgreSQL, and SQLite from 3.35.
+    connection: Any = connections[router.db_for_write(IdempotencyKey)]
+    if connection.vendor not in SUPPORTED_VENDORS:
+        return [
+            Error(
+                f"django_idempotency cannot store keys in a {connection.vendor} database.",
+                hint="Route IdempotencyKey to a PostgreSQL database (or SQLite in development).",
+                id="django_idempotency.E012",
+            )
+        ]
+    if connection.vendor == "sqlite" and connection.Database.sqlite_version_info < (3, 35):
+        return [
+            Error(
+                f"django_idempotency needs SQLite 3.35 or newer, not "
+                f"{connection.Database.sqlite_version}.",
+                hint="Use a Python built with a newer SQLite, or PostgreSQL.",
+                id="django_idempotency.E013",
+            )
+        ]
+    return []

@@ -50,7 +50,8 @@ class IdempotentMixin(_Base):
             methods=self.idempotency_methods,
             ttl=self.idempotency_ttl,
             wait_timeout=self.idempotency_wait_timeout,
-            scope_function=self.idempotency_scope_function,
+            # Read from the class: a plain function stored there must not become a method.
+            scope_function=type(self).idempotency_scope_function,
             fingerprint_headers=self.idempotency_fingerprint_headers,
             retryable_status_codes=self.idempotency_retryable_status_codes,
         )
@@ -81,6 +82,8 @@ class IdempotentMixin(_Base):
                 # deterministic 4xx is stored and replayed like any other answer.
                 try:
                     response = handler(request, *args, **kwargs)
+                except DATABASE_UNAVAILABLE:
+                    raise  # the engine rolls back, reports it and answers 503
                 except Exception as exc:
                     response = self.handle_exception(exc)
                 # finalize_response takes any HttpResponseBase, though typed for Response.

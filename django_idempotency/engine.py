@@ -18,12 +18,19 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, router, transaction
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 
 from django_idempotency import problems, signals
-from django_idempotency.conf import as_timedelta, idempotency_settings, resolve_callable
+from django_idempotency.conf import (
+    DEFAULTS,
+    UNSAFE_METHODS,
+    as_timedelta,
+    idempotency_settings,
+    resolve_callable,
+)
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
@@ -40,6 +47,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency")
 
 STATUS_HEADER = "Idempotency-Status"
+_HANDLED = "_django_idempotency_handled"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 # Never stored nor replayed: hop-by-hop headers (RFC 9110 section 7.6.1), headers a server
@@ -104,11 +112,18 @@ class Policy:
             "retryable_status_codes": config.RETRYABLE_STATUS_CODES,
         }
         values.update({name: value for name, value in overrides.items() if value is not None})
+        for name in ("methods", "fingerprint_headers", "retryable_status_codes"):
+            if isinstance(values[name], str | int):
+                msg = f"{name} must be a list such as {DEFAULTS[name.upper()]!r}: {values[name]!r}"
+                raise ImproperlyConfigured(msg)
         values["ttl"] = as_timedelta(values["ttl"], "ttl")
         values["scope_function"] = resolve_callable(values["scope_function"], "scope_function")
         values["methods"] = frozenset(method.upper() for method in values["methods"])
         values["fingerprint_headers"] = tuple(values["fingerprint_headers"])
         values["retryable_status_codes"] = frozenset(values["retryable_status_codes"])
+        if not values["methods"] or not values["methods"] <= UNSAFE_METHODS:
+            msg = f"methods must be drawn from {sorted(UNSAFE_METHODS)}, not {values['methods']!r}."
+            raise ImproperlyConfigured(msg)
         return cls(**values)
 
     def stores(self, status: int) -> bool:
@@ -119,11 +134,12 @@ class Policy:
 @dataclass
 class _Decision:
     outcome: Outcome
-    response: HttpResponseBase
+    response: HttpResponseBase | None  # None when the view raised
     key: str | None = None
     scope: str | None = None
     route: str | None = None
     attempt: int = 1
+    error: Exception | None = None
 
 
 # Connection lost, server shutting down, deadlock, serialization failure: errors of the
@@ -200,13 +216,18 @@ class Engine:
         ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
         scope function and signal receivers get.
         """
-        if request.method not in policy.methods:
+        # Applied twice to one view (decorator and mixin, say), the outer one does the work.
+        if request.method not in policy.methods or getattr(request, _HANDLED, False):
             return view()
+        setattr(request, _HANDLED, True)
         started = time.perf_counter()
         decision = self._decide(request, view, policy, view_request or request)
         if decision is None:
             return view()
         self._report(decision, sender, view_request or request, started)
+        if decision.error is not None:
+            raise decision.error
+        assert decision.response is not None  # noqa: S101 - for the type checker
         return decision.response
 
     def _decide(
@@ -250,6 +271,8 @@ class Engine:
         except DATABASE_UNAVAILABLE:
             # The transaction was rolled back with the key, so the client may safely retry.
             decision = _Decision(Outcome.UNAVAILABLE, unavailable_response())
+        except Exception as exc:  # reported, then re-raised by handle()
+            decision = _Decision(Outcome.NOT_STORED, None, error=exc)
         decision.key, decision.scope, decision.route = key, scope, route
         return decision
 
@@ -327,7 +350,7 @@ class Engine:
                 "idempotency_route": decision.route,
                 "idempotency_attempt": decision.attempt,
                 "idempotency_duration_ms": duration_ms,
-                "status_code": decision.response.status_code,
+                "status_code": decision.response.status_code if decision.response else None,
             },
         )
         _SIGNALS[decision.outcome].send(

@@ -67,16 +67,24 @@ def _add_form(digest: _Digest, request: HttpRequest) -> None:
 
 
 def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str] = ()) -> str:
-    """SHA-256 of the method, route, query string, named headers and body of ``request``."""
+    """SHA-256 of the method, route, path, query string, named headers and body of ``request``."""
     digest = _Digest()
     digest.add(request.method or "")
     digest.add(route)
+    # The route scopes the key; the path tells which resource it acted on. A key reused for
+    # another resource under the same route is a different request, not a replay.
+    digest.add(request.path_info)
     digest.add(request.META.get("QUERY_STRING", ""))
     for name in sorted({header.lower() for header in headers}):
         digest.add(name)
         digest.add(request.headers.get(name, ""))
     content_type = request.content_type or ""
     if content_type == "multipart/form-data":
+        if request.method != "POST" and not hasattr(request, "_files"):
+            # Django parses multipart only for POST. Parse this body the same way (files
+            # stream to disk) and leave the result where Django and DRF look for it.
+            post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]
+            request._post, request._files = post, files  # type: ignore[attr-defined]
         digest.add(b"multipart")
         _add_form(digest, request)
     else:

@@ -19,16 +19,19 @@ class Problem:
     retry_after: int | None = None
 
 
-KEY_MISSING = Problem("idempotency.key_missing", 400, "Idempotency-Key header is required")
-KEY_INVALID = Problem("idempotency.key_invalid", 400, "Idempotency-Key header is malformed")
+KEY_MISSING = Problem("idempotency.key_missing", 400, "An idempotency key is required")
+KEY_INVALID = Problem("idempotency.key_invalid", 400, "The idempotency key is malformed")
 ANONYMOUS_REJECTED = Problem(
-    "idempotency.anonymous_rejected", 401, "Authentication is required to use an idempotency key"
+    # 403, as DRF answers an unauthenticated request when it has no WWW-Authenticate to offer.
+    "idempotency.anonymous_rejected",
+    403,
+    "Authentication is required to use an idempotency key",
 )
 PAYLOAD_MISMATCH = Problem(
-    "idempotency.payload_mismatch", 422, "Idempotency-Key was used with a different request"
+    "idempotency.payload_mismatch", 422, "The idempotency key was used with a different request"
 )
 IN_PROGRESS = Problem(
-    "idempotency.in_progress", 409, "A request with this Idempotency-Key is in progress", 1
+    "idempotency.in_progress", 409, "A request with this idempotency key is in progress", 1
 )
 UNAVAILABLE = Problem(
     "idempotency.unavailable", 503, "The request could not be completed; retry it", 1

@@ -20,7 +20,7 @@ payload_mismatch = Signal()
 request_in_progress = Signal()
 #: A required key was missing: answered 400.
 key_missing = Signal()
-#: The key was malformed, or the anonymous policy refused it: answered 400 or 401.
+#: The key was malformed, or the anonymous policy refused it: answered 400 or 403.
 key_invalid = Signal()
 #: The view ran but its response was not stored (5xx, a retryable status, or a transaction
 #: marked for rollback): everything it wrote was rolled back, and a retry runs again.

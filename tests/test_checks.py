@@ -82,7 +82,14 @@ def test_good_settings(setting):
         assert check_settings() == []
 
 
-def test_an_unproven_database_is_warned_about(monkeypatch):
+def test_an_unsupported_database_is_an_error(monkeypatch):
     assert check_database() == []
     monkeypatch.setattr(connection, "vendor", "mysql")
-    assert ids(check_database()) == ["django_idempotency.W001"]
+    assert ids(check_database()) == ["django_idempotency.E012"]
+
+
+def test_an_old_sqlite_is_an_error(monkeypatch):
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    monkeypatch.setattr(connection.Database, "sqlite_version_info", (3, 31, 1), raising=False)
+    monkeypatch.setattr(connection.Database, "sqlite_version", "3.31.1", raising=False)
+    assert ids(check_database()) == ["django_idempotency.E013"]

@@ -119,3 +119,24 @@ def test_a_3mb_multipart_upload_behaves_the_same_with_a_key(client, key):
 
 def _upload(content):
     return SimpleUploadedFile("scan.bin", content, "application/octet-stream")
+
+
+def test_a_multipart_patch_is_fingerprinted_by_its_fields_and_files(client, key):
+    def patch(note, boundary):
+        body = encode_multipart(boundary, {"note": note, "file": _upload(b"x" * 1000)})
+        return client.generic(
+            "PATCH",
+            "/upload/",
+            body,
+            content_type=f"multipart/form-data; boundary={boundary}",
+            headers={"Idempotency-Key": key},
+        )
+
+    first = patch("one", "b1")
+    retry = patch("one", "b2")
+    changed = patch("two", "b3")
+    assert first.status_code == 201
+    assert json.loads(first.content)["size"] == 1000
+    assert json.loads(first.content)["note"] == "one"
+    assert retry["Idempotency-Status"] == "replayed"
+    assert changed.status_code == 422

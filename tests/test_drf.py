@@ -243,11 +243,26 @@ class TestScope:
         assert other["Idempotency-Status"] == "stored"
         assert Payment.objects.count() == 2
 
-    def test_the_route_is_the_pattern_not_the_path(self, client_alice, key):
+    def test_the_scope_holds_the_route_pattern_and_the_fingerprint_the_path(
+        self, client_alice, key
+    ):
         client_alice.send("POST", "/tenant/a/payments/", {"amount": 1}, key=key)
-        other_path = client_alice.send("POST", "/tenant/b/payments/", {"amount": 1}, key=key)
-        assert other_path["Idempotency-Status"] == "replayed"
-        assert IdempotencyKey.objects.get().route == "tenant/<str:tenant>/payments/"
+        same = client_alice.send("POST", "/tenant/a/payments/", {"amount": 1}, key=key)
+        other_resource = client_alice.send("POST", "/tenant/b/payments/", {"amount": 1}, key=key)
+
+        assert same["Idempotency-Status"] == "replayed"
+        # The same key sent for another resource under the route is a different request.
+        assert other_resource.status_code == 422
+        row = IdempotencyKey.objects.get()
+        assert row.route == "tenant/<str:tenant>/payments/"
+        assert row.scope == f"user:{client_alice.user.pk} POST tenant/<str:tenant>/payments/"
+
+    def test_a_key_reused_on_another_object_is_a_mismatch(self, client_alice, key):
+        first, second = Payment.objects.create(amount=10), Payment.objects.create(amount=20)
+        client_alice.send("POST", f"/api/viewset-payments/{first.pk}/refund/", {}, key=key)
+        other = client_alice.send("POST", f"/api/viewset-payments/{second.pk}/refund/", {}, key=key)
+        assert other.status_code == 422
+        assert LedgerEntry.objects.filter(payment=second).count() == 0
 
     def test_the_same_key_with_another_method_is_another_operation(self, client_alice, key):
         client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
@@ -280,7 +295,7 @@ class TestScope:
     @override_settings(IDEMPOTENCY={"ANONYMOUS": "reject"})
     def test_anonymous_requests_can_be_rejected(self, key):
         response = ApiClient().send("POST", "/anonymous/", {"amount": 1}, key=key)
-        assert response.status_code == 401
+        assert response.status_code == 403
         assert problem(response)["code"] == "idempotency.anonymous_rejected"
         assert effects() == (0, 0, 0)
 
@@ -359,3 +374,29 @@ class TestAtomicRequests:
                 "POST", "/payments/", {"amount": 1}, key=key, headers={"X-Fail": "exception"}
             )
         assert effects() == (0, 0, 0)
+
+
+class TestPerViewOptions:
+    def test_a_plain_function_as_scope_function(self, client_alice, client_bob, key):
+        client_alice.send("POST", "/per-tenant/", {"amount": 1}, key=key, headers={"X-Tenant": "t"})
+        bob = client_bob.send(
+            "POST", "/per-tenant/", {"amount": 1}, key=key, headers={"X-Tenant": "t"}
+        )
+        # Scoped by tenant only: Bob's request is Alice's, replayed.
+        assert bob["Idempotency-Status"] == "replayed"
+        assert IdempotencyKey.objects.get().scope == "tenant:t"
+
+    def test_a_string_where_a_list_belongs_is_an_error(self, client_alice, key):
+        from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+        with pytest.raises(ImproperlyConfigured, match="methods must be a list"):
+            client_alice.send("POST", "/misconfigured/", {"amount": 1}, key=key)
+        assert effects() == (0, 0, 0)
+
+
+def test_the_decorator_and_the_mixin_on_one_view_claim_once(client_alice, key):
+    first = client_alice.send("POST", "/twice/", {"amount": 1}, key=key)
+    second = client_alice.send("POST", "/twice/", {"amount": 1}, key=key)
+    assert first["Idempotency-Status"] == "stored"
+    assert second["Idempotency-Status"] == "replayed"
+    assert effects() == (1, 1, 1)

@@ -181,6 +181,18 @@ class TestSignalsAndLogs:
         assert stored["response"].status_code == 201
         assert stored["request"].user == client_alice.user
 
+    def test_a_view_that_raises_is_reported_then_the_error_propagates(
+        self, client_alice, key, received
+    ):
+        with pytest.raises(RuntimeError, match="boom"):
+            client_alice.send(
+                "POST", "/payments/", {"amount": 1}, key=key, headers={"X-Fail": "exception"}
+            )
+        ((signal, _, kwargs),) = received
+        assert signal is signals.response_not_stored
+        assert kwargs["key"] == key
+        assert kwargs["response"] is None
+
     def test_each_decision_is_logged_with_structured_fields(self, client_alice, key, caplog):
         with caplog.at_level(logging.INFO, logger="django_idempotency"):
             client_alice.send("POST", "/payments/", {"amount": 4242}, key=key)
@@ -229,11 +241,17 @@ def test_a_scope_longer_than_its_column_is_stored_as_its_digest(key):
     def long_scope(request, route):
         return "tenant:" + "x" * 600 + route
 
-    request = RequestFactory().post("/" + "r" * 600 + "/", b"{}", content_type="application/json")
-    request.META["HTTP_IDEMPOTENCY_KEY"] = key
-    policy = Policy.from_settings(scope_function=long_scope)
-    first = Engine().handle(request, lambda: HttpResponse(status=201), policy=policy, sender=None)
-    second = Engine().handle(request, lambda: HttpResponse(status=201), policy=policy, sender=None)
+    def send():
+        request = RequestFactory().post(
+            "/" + "r" * 600 + "/", b"{}", content_type="application/json"
+        )
+        request.META["HTTP_IDEMPOTENCY_KEY"] = key
+        policy = Policy.from_settings(scope_function=long_scope)
+        return Engine().handle(
+            request, lambda: HttpResponse(status=201), policy=policy, sender=None
+        )
+
+    first, second = send(), send()
 
     assert first["Idempotency-Status"] == "stored"
     assert second["Idempotency-Status"] == "replayed"

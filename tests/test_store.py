@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
@@ -175,11 +176,14 @@ def test_when_the_first_fails_the_waiting_duplicate_runs_instead(alice, key):
     assert LedgerEntry.objects.count() == 1
 
 
-def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key):
+def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key, caplog):
     client = ApiClient(alice)
-    lost = client.send(
-        "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Fail": "disconnect"}
-    )
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        lost = client.send(
+            "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Fail": "disconnect"}
+        )
+    outcomes = [getattr(record, "idempotency_outcome", None) for record in caplog.records]
+    assert "unavailable" in outcomes
 
     assert lost.status_code == 503
     assert lost["Retry-After"] == "1"

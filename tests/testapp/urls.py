@@ -25,5 +25,8 @@ urlpatterns = [
     path("lock-timeout/", views.lock_timeout),
     path("class-based/", views.ClassBasedPayment.as_view()),
     path("template/", views.template_payment),
+    path("per-tenant/", views.PerTenantPaymentView.as_view()),
+    path("misconfigured/", views.MisconfiguredPaymentView.as_view()),
+    path("twice/", views.twice),
     path("api/", include(router.urls)),
 ]

@@ -188,3 +188,18 @@ def rendered_later(request):
 
 
 template_payment = csrf_exempt(idempotent(rendered_later))
+
+
+def tenant_scope(request, route):
+    return f"tenant:{request.headers['X-Tenant']}"
+
+
+class PerTenantPaymentView(PaymentView):
+    idempotency_scope_function = tenant_scope
+
+
+class MisconfiguredPaymentView(PaymentView):
+    idempotency_methods = "POST"
+
+
+twice = idempotent(PaymentView.as_view())
