@@ -57,10 +57,12 @@ class IdempotencyKey(models.Model):
         ]
         indexes = [
             models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
+            # Only leased rows carry locked_until. Keying the index on it rather than on the
+            # state keeps completing a key (which changes the state) a HOT update.
             models.Index(
                 fields=["locked_until"],
                 name="idempotency_lease_idx",
-                condition=models.Q(state="in_progress"),
+                condition=models.Q(locked_until__isnull=False),
             ),
         ]
 
