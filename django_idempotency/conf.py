@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "WAIT_TIMEOUT": 3.0,
     # Callable (or dotted path) ``(request, route) -> str`` that scopes keys.
     "SCOPE_FUNCTION": "django_idempotency.scope.default_scope",
-    # What anonymous requests get: "shared" (one anonymous principal) or "reject" (401).
+    # What anonymous requests get: "shared" (one anonymous principal) or "reject" (403).
     "ANONYMOUS": "shared",
     # Request headers that are part of the fingerprint, for example a tenant header.
     "FINGERPRINT_HEADERS": (),

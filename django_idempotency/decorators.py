@@ -5,6 +5,8 @@ from __future__ import annotations
 from functools import wraps
 from typing import TYPE_CHECKING, Any, overload
 
+from django.core.exceptions import ImproperlyConfigured
+
 from django_idempotency.engine import Engine, Policy, default_engine
 
 if TYPE_CHECKING:
@@ -51,6 +53,14 @@ def idempotent(
     """
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
+        if _is_drf_view(view_func):
+            msg = (
+                f"@idempotent on {view_func.__name__} would run before Django REST framework "
+                "authenticates the request, scoping every key to an anonymous user. Use "
+                "django_idempotency.drf.IdempotentMixin on DRF views instead."
+            )
+            raise ImproperlyConfigured(msg)
+
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             policy = Policy.from_settings(
@@ -72,3 +82,12 @@ def idempotent(
         return wrapper
 
     return decorator if view is None else decorator(view)
+
+
+def _is_drf_view(view_func: ViewFunction) -> bool:
+    try:
+        from rest_framework.views import APIView  # noqa: PLC0415 - DRF is optional
+    except ImportError:  # pragma: no cover - DRF is installed wherever the tests run
+        return False
+    view_class = getattr(view_func, "cls", None)
+    return isinstance(view_class, type) and issubclass(view_class, APIView)

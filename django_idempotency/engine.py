@@ -24,13 +24,8 @@ from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 
 from django_idempotency import problems, signals
-from django_idempotency.conf import (
-    DEFAULTS,
-    UNSAFE_METHODS,
-    as_timedelta,
-    idempotency_settings,
-    resolve_callable,
-)
+from django_idempotency.checks import VALIDATORS
+from django_idempotency.conf import as_timedelta, idempotency_settings, resolve_callable
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
@@ -84,6 +79,19 @@ _SIGNALS: dict[Outcome, Signal] = {
 }
 
 
+# Each policy field and the IDEMPOTENCY setting that gives its default.
+_SETTING_OF = {
+    "header": "HEADER",
+    "required": "KEY_REQUIRED",
+    "methods": "METHODS",
+    "ttl": "TTL",
+    "wait_timeout": "WAIT_TIMEOUT",
+    "scope_function": "SCOPE_FUNCTION",
+    "fingerprint_headers": "FINGERPRINT_HEADERS",
+    "retryable_status_codes": "RETRYABLE_STATUS_CODES",
+}
+
+
 @dataclass(frozen=True)
 class Policy:
     """Everything the engine needs to know about one view, resolved at request time."""
@@ -100,30 +108,23 @@ class Policy:
     @classmethod
     def from_settings(cls, **overrides: Any) -> Policy:
         """Build a policy from ``IDEMPOTENCY``; an override of ``None`` keeps the setting."""
-        config = idempotency_settings
-        values: dict[str, Any] = {
-            "header": config.HEADER,
-            "required": config.KEY_REQUIRED,
-            "methods": config.METHODS,
-            "ttl": config.TTL,
-            "wait_timeout": config.WAIT_TIMEOUT,
-            "scope_function": config.SCOPE_FUNCTION,
-            "fingerprint_headers": config.FINGERPRINT_HEADERS,
-            "retryable_status_codes": config.RETRYABLE_STATUS_CODES,
-        }
-        values.update({name: value for name, value in overrides.items() if value is not None})
-        for name in ("methods", "fingerprint_headers", "retryable_status_codes"):
-            if isinstance(values[name], str | int):
-                msg = f"{name} must be a list such as {DEFAULTS[name.upper()]!r}: {values[name]!r}"
+        if unknown := set(overrides) - set(_SETTING_OF):
+            msg = f"Unknown idempotency options: {', '.join(sorted(unknown))}."
+            raise TypeError(msg)
+        values: dict[str, Any] = {}
+        for field, setting in _SETTING_OF.items():
+            value = overrides.get(field)
+            if value is None:
+                value = getattr(idempotency_settings, setting)
+            elif (problem := VALIDATORS[setting][1](value)) is not None:
+                msg = f"The view's {field} option {problem}; got {value!r}."
                 raise ImproperlyConfigured(msg)
+            values[field] = value
         values["ttl"] = as_timedelta(values["ttl"], "ttl")
         values["scope_function"] = resolve_callable(values["scope_function"], "scope_function")
         values["methods"] = frozenset(method.upper() for method in values["methods"])
         values["fingerprint_headers"] = tuple(values["fingerprint_headers"])
         values["retryable_status_codes"] = frozenset(values["retryable_status_codes"])
-        if not values["methods"] or not values["methods"] <= UNSAFE_METHODS:
-            msg = f"methods must be drawn from {sorted(UNSAFE_METHODS)}, not {values['methods']!r}."
-            raise ImproperlyConfigured(msg)
         return cls(**values)
 
     def stores(self, status: int) -> bool:

@@ -80,7 +80,7 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
         digest.add(request.headers.get(name, ""))
     content_type = request.content_type or ""
     if content_type == "multipart/form-data":
-        if request.method != "POST" and not hasattr(request, "_files"):
+        if request.method != "POST" and not request._read_started:  # type: ignore[attr-defined]
             # Django parses multipart only for POST. Parse this body the same way (files
             # stream to disk) and leave the result where Django and DRF look for it.
             post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]

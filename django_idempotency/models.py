@@ -1,7 +1,98 @@
 from __future__ import annotations
 
-from django.db import models
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.db import connections, models, router
+from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+logger = logging.getLogger("django_idempotency")
+
+
+@dataclass(frozen=True)
+class PurgeResult:
+    """What one purge run did."""
+
+    deleted: int
+    batches: int
+    seconds: float
+    longest_batch: float  # seconds: the longest that one batch's transaction took
+    complete: bool  # False when the run stopped at its time limit
+
+
+class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
+    def purge_expired(
+        self,
+        *,
+        now: datetime | None = None,
+        batch_size: int = 10_000,
+        pause: float = 0.0,
+        max_seconds: float | None = None,
+    ) -> PurgeResult:
+        """Delete keys past their expiry, ``batch_size`` ids at a time, each batch committed alone.
+
+        Walks the primary key from the oldest row to the newest that existed at the start, so
+        each batch is a short range delete that holds its locks only until it commits; call it
+        outside a transaction. ``pause`` seconds between batches throttle the run;
+        ``max_seconds`` bounds it (the next run carries on). Safe in several processes at once.
+        """
+        now = now or timezone.now()
+        using = router.db_for_write(self.model)
+        connection = connections[using]
+        bounds = self.using(using).aggregate(low=models.Min("pk"), high=models.Max("pk"))
+        started = time.monotonic()
+        deleted = batches = 0
+        longest_batch = 0.0
+        complete = True
+        if bounds["low"] is not None:
+            statement = _purge_statement(connection)
+            prepared_now = self.model._meta.get_field("expires_at").get_db_prep_value(
+                now, connection
+            )
+            for low in range(bounds["low"], bounds["high"] + 1, batch_size):
+                if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                    complete = False
+                    break
+                # Outside any transaction, each statement commits on its own.
+                batch_started = time.monotonic()
+                with connection.cursor() as cursor:
+                    cursor.execute(statement, [low, low + batch_size, prepared_now])
+                    deleted += cursor.rowcount
+                longest_batch = max(longest_batch, time.monotonic() - batch_started)
+                batches += 1
+                if pause:
+                    time.sleep(pause)
+        result = PurgeResult(deleted, batches, time.monotonic() - started, longest_batch, complete)
+        logger.info(
+            "purged %d expired idempotency keys in %d batches (%.3f s)%s",
+            result.deleted,
+            result.batches,
+            result.seconds,
+            "" if complete else "; stopped at the time limit",
+            extra={"idempotency_purged": result.deleted, "idempotency_batches": result.batches},
+        )
+        return result
+
+
+def _purge_statement(connection: BaseDatabaseWrapper) -> str:
+    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
+    # Python as soon as a project connects a post_delete receiver to this model. A range of
+    # the primary key is the cheapest batch to find; a row that another purge, or a request
+    # taking over that very key, holds is waited for briefly, in key order, so two purges
+    # never deadlock and the row is skipped once it no longer matches.
+    quote = connection.ops.quote_name
+    table = quote(IdempotencyKey._meta.db_table)
+    pk = quote(IdempotencyKey._meta.get_field("id").column)
+    expires = quote(IdempotencyKey._meta.get_field("expires_at").column)
+    return f"DELETE FROM {table} WHERE {pk} >= %s AND {pk} < %s AND {expires} <= %s"  # noqa: S608
 
 
 class IdempotencyKey(models.Model):
@@ -47,6 +138,8 @@ class IdempotencyKey(models.Model):
     expires_at = models.DateTimeField(_("expires at"))
     replay_count = models.PositiveIntegerField(_("replay count"), default=0)
     last_replayed_at = models.DateTimeField(_("last replayed at"), null=True, blank=True)
+
+    objects = IdempotencyKeyManager()
 
     class Meta:
         verbose_name = _("idempotency key")

@@ -2,7 +2,8 @@
 
 Every signal is sent with ``sender`` set to the view's class (or function) and these keyword
 arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or invalid),
-``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response returned).
+``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response returned,
+or ``None`` when the view raised).
 Receivers run in the request; keep them fast and never let them raise.
 """
 
@@ -22,8 +23,8 @@ request_in_progress = Signal()
 key_missing = Signal()
 #: The key was malformed, or the anonymous policy refused it: answered 400 or 403.
 key_invalid = Signal()
-#: The view ran but its response was not stored (5xx, a retryable status, or a transaction
-#: marked for rollback): everything it wrote was rolled back, and a retry runs again.
+#: The view ran but its response was not stored (it raised, answered 5xx or a retryable status,
+#: or marked its transaction for rollback): what it wrote was rolled back; a retry runs again.
 response_not_stored = Signal()
 #: The database failed mid-request: rolled back and answered 503.
 database_unavailable = Signal()

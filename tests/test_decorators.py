@@ -140,3 +140,11 @@ def test_a_multipart_patch_is_fingerprinted_by_its_fields_and_files(client, key)
     assert json.loads(first.content)["note"] == "one"
     assert retry["Idempotency-Status"] == "replayed"
     assert changed.status_code == 422
+
+
+def test_decorated_twice_claims_once(client, key):
+    first = client.send("POST", "/twice/", {"amount": 1}, key=key)
+    second = client.send("POST", "/twice/", {"amount": 1}, key=key)
+    assert first["Idempotency-Status"] == "stored"
+    assert second["Idempotency-Status"] == "replayed"
+    assert Payment.objects.count() == IdempotencyKey.objects.count() == 1

@@ -389,14 +389,16 @@ class TestPerViewOptions:
     def test_a_string_where_a_list_belongs_is_an_error(self, client_alice, key):
         from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
 
-        with pytest.raises(ImproperlyConfigured, match="methods must be a list"):
+        with pytest.raises(ImproperlyConfigured, match="methods option must be a non-empty list"):
             client_alice.send("POST", "/misconfigured/", {"amount": 1}, key=key)
         assert effects() == (0, 0, 0)
 
 
-def test_the_decorator_and_the_mixin_on_one_view_claim_once(client_alice, key):
-    first = client_alice.send("POST", "/twice/", {"amount": 1}, key=key)
-    second = client_alice.send("POST", "/twice/", {"amount": 1}, key=key)
-    assert first["Idempotency-Status"] == "stored"
-    assert second["Idempotency-Status"] == "replayed"
-    assert effects() == (1, 1, 1)
+def test_the_decorator_refuses_a_drf_view():
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    from django_idempotency.decorators import idempotent  # noqa: PLC0415
+    from tests.testapp.views import PaymentView  # noqa: PLC0415
+
+    with pytest.raises(ImproperlyConfigured, match="IdempotentMixin"):
+        idempotent(PaymentView.as_view())

@@ -81,6 +81,28 @@ class TestPolicy:
         assert Policy.from_settings().methods == {"POST"}
         assert Policy.from_settings().ttl == timedelta(hours=1)
 
+    @pytest.mark.parametrize(
+        ("option", "value"),
+        [
+            ("methods", "POST"),
+            ("methods", ["GET"]),
+            ("fingerprint_headers", ["bad header"]),
+            ("retryable_status_codes", [600]),
+            ("wait_timeout", -1),
+            ("ttl", 0),
+            ("required", "yes"),
+        ],
+    )
+    def test_bad_per_view_options_name_themselves(self, option, value):
+        from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+        with pytest.raises(ImproperlyConfigured, match=f"The view's {option} option"):
+            Policy.from_settings(**{option: value})
+
+    def test_an_unknown_option_is_a_type_error(self):
+        with pytest.raises(TypeError, match="ttl_seconds"):
+            Policy.from_settings(ttl_seconds=5)
+
     def test_overrides_win_and_none_keeps_the_setting(self):
         policy = Policy.from_settings(required=False, ttl=30, methods=None, wait_timeout=0)
         assert policy.required is False

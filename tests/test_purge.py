@@ -1,0 +1,171 @@
+"""Purging expired keys: the manager method, the command and the Celery task."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.db.models.signals import post_delete
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.tasks import purge_expired_keys
+
+NOW = timezone.now()
+
+
+def every_other(index: int) -> bool:
+    return index % 2 == 0
+
+
+def make_keys(count: int, expired=every_other) -> int:
+    """Create ``count`` keys, those with ``expired(index)`` past their expiry; return those."""
+    rows = []
+    for index in range(count):
+        created = NOW - timedelta(days=2 if expired(index) else 0)
+        rows.append(
+            IdempotencyKey(
+                scope="user:1 POST payments/",
+                key=f"key-{index}",
+                method="POST",
+                route="payments/",
+                fingerprint="0" * 64,
+                state=IdempotencyKey.State.SUCCEEDED,
+                created_at=created,
+                expires_at=created + timedelta(hours=24),
+            )
+        )
+    IdempotencyKey.objects.bulk_create(rows, batch_size=1000)
+    return sum(1 for index in range(count) if expired(index))
+
+
+def live_keys() -> set[str]:
+    return set(IdempotencyKey.objects.values_list("key", flat=True))
+
+
+@pytest.mark.django_db
+class TestPurgeExpired:
+    def test_deletes_exactly_the_expired_keys_in_batches(self):
+        expired = make_keys(250)
+        result = IdempotencyKey.objects.purge_expired(batch_size=40)
+
+        assert result.deleted == expired == 125
+        assert result.batches == 7  # 250 ids, 40 at a time
+        assert result.complete
+        assert live_keys() == {f"key-{index}" for index in range(1, 250, 2)}
+
+    def test_an_empty_table(self):
+        result = IdempotencyKey.objects.purge_expired()
+        assert (result.deleted, result.batches, result.complete) == (0, 0, True)
+
+    def test_running_again_changes_nothing(self):
+        make_keys(30)
+        IdempotencyKey.objects.purge_expired(batch_size=7)
+        after_first = live_keys()
+        assert IdempotencyKey.objects.purge_expired(batch_size=7).deleted == 0
+        assert live_keys() == after_first
+
+    def test_now_decides_what_is_expired(self):
+        make_keys(10, expired=lambda index: False)
+        assert IdempotencyKey.objects.purge_expired(now=NOW).deleted == 0
+        assert IdempotencyKey.objects.purge_expired(now=NOW + timedelta(days=2)).deleted == 10
+
+    def test_a_time_limit_stops_the_run_and_the_next_run_carries_on(self):
+        make_keys(20)
+        stopped = IdempotencyKey.objects.purge_expired(batch_size=5, max_seconds=0)
+        assert (stopped.deleted, stopped.complete) == (0, False)
+        assert IdempotencyKey.objects.purge_expired(batch_size=5).deleted == 10
+
+    def test_rows_are_not_loaded_into_python(self):
+        # QuerySet.delete() would send post_delete for every row it loaded.
+        deleted = []
+
+        def receiver(**kwargs):
+            deleted.append(kwargs["instance"])
+
+        post_delete.connect(receiver, sender=IdempotencyKey)
+        try:
+            make_keys(10)
+            assert IdempotencyKey.objects.purge_expired().deleted == 5
+        finally:
+            post_delete.disconnect(receiver, sender=IdempotencyKey)
+        assert deleted == []
+
+    def test_the_command(self):
+        make_keys(12)
+        out = StringIO()
+        call_command("idempotency_purge", "--batch-size", "5", "--pause", "0", stdout=out)
+        assert out.getvalue().startswith("Deleted 6 expired keys in 3 batches")
+
+    def test_the_command_says_when_it_stopped_early(self):
+        make_keys(4)
+        out = StringIO()
+        call_command("idempotency_purge", "--max-seconds", "0", stdout=out)
+        assert "run again" in out.getvalue()
+
+    def test_the_command_refuses_a_bad_batch_size(self):
+        with pytest.raises(SystemExit):
+            call_command("idempotency_purge", "--batch-size", "0", stderr=StringIO())
+
+    def test_the_celery_task(self):
+        make_keys(8)
+        assert purge_expired_keys.apply(kwargs={"batch_size": 3}).get() == 4
+        assert purge_expired_keys.name == "django_idempotency.purge_expired_keys"
+
+
+def make_many_keys(count: int) -> int:
+    """Like ``make_keys(count)``, in one statement (PostgreSQL only)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
+            "fingerprint, state, lease_version, created_at, expires_at, replay_count) "
+            "SELECT 'user:1 POST payments/', 'key-' || n, 'POST', 'payments/', %s, "
+            "'succeeded', 1, t, t + interval '24 hours', 0 FROM generate_series(0, %s) AS n, "
+            "LATERAL (SELECT %s - CASE WHEN n %% 2 = 0 THEN interval '2 days' "
+            "ELSE interval '0' END AS t) AS created",
+            ["0" * 64, count - 1, NOW],
+        )
+    return (count + 1) // 2
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+class TestPurgeOnPostgreSQL:
+    def test_two_purges_at_once_delete_exactly_the_expired_keys(self):
+        expired = make_many_keys(100_000)
+        results, errors = [], []
+
+        def purge():
+            try:
+                results.append(IdempotencyKey.objects.purge_expired(batch_size=2_000))
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=purge) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=120)
+
+        assert not errors, errors
+        assert sum(result.deleted for result in results) == expired == 50_000
+        assert IdempotencyKey.objects.count() == 50_000
+        assert not IdempotencyKey.objects.filter(expires_at__lte=NOW).exists()
+
+    def test_a_batch_reads_the_primary_key_range(self):
+        make_keys(2_000)
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE django_idempotency_idempotencykey")
+            cursor.execute(
+                "EXPLAIN DELETE FROM django_idempotency_idempotencykey "
+                "WHERE id >= %s AND id < %s AND expires_at <= %s",
+                [1, 500, NOW],
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+        assert "django_idempotency_idempotencykey_pkey" in plan, plan
