@@ -260,6 +260,9 @@ class Engine:
             detail = f"Authenticate to send an {policy.header} header to this endpoint."
             response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
             return _Decision(Outcome.INVALID, response, key, route=route)
+        except DATABASE_UNAVAILABLE:
+            # Resolving the principal may be the request's first query (a lazy request.user).
+            return _Decision(Outcome.UNAVAILABLE, unavailable_response(), key, route=route)
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
         try:
             decision = self._execute(

@@ -243,3 +243,21 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
     assert fresh_commits == 1
     # Authentication, the claim that finds the row, and the replay that counts itself.
     assert len(replay_statements) == 3, replay_statements
+
+
+def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
+    # Django's session authentication loads request.user lazily: for a plain view the scope
+    # function makes the request's first query.
+    client = ApiClient()
+    client.force_login(alice)
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    time.sleep(0.1)
+
+    lost = client.send("POST", "/plain/", {"amount": 5}, key=key)
+
+    assert lost.status_code == 503
+    assert json.loads(lost.content)["code"] == "idempotency.unavailable"
+    close_old_connections()
