@@ -195,14 +195,18 @@ def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key, ca
     assert Payment.objects.count() == 1
 
 
-def test_a_connection_killed_between_requests_answers_503_not_500(client_alice, key):
-    # As after a failover: the server ended the session while it sat idle, so the next
-    # request's first query (DRF authentication, before the engine) finds it dead.
+def end_this_threads_session():
+    """End this thread's database session from another one, as a failover would while idle."""
     connection.ensure_connection()
     pid = connection.connection.info.backend_pid
     with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [pid])
     time.sleep(0.1)
+
+
+def test_a_connection_killed_between_requests_answers_503_not_500(client_alice, key):
+    # The next request's first query (DRF authentication, before the engine) finds it dead.
+    end_this_threads_session()
 
     lost = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
 
@@ -250,11 +254,7 @@ def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
     # function makes the request's first query.
     client = ApiClient()
     client.force_login(alice)
-    connection.ensure_connection()
-    pid = connection.connection.info.backend_pid
-    with psycopg.connect(**connection.get_connection_params(), autocommit=True) as other:
-        other.execute("SELECT pg_terminate_backend(%s)", [pid])
-    time.sleep(0.1)
+    end_this_threads_session()
 
     lost = client.send("POST", "/plain/", {"amount": 5}, key=key)
 
