@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
@@ -9,6 +10,7 @@ router = SimpleRouter()
 router.register("viewset-payments", views.PaymentViewSet, basename="viewset-payment")
 
 urlpatterns = [
+    path("admin/", admin.site.urls),
     path("payments/", views.PaymentView.as_view()),
     path("payments/other-route/", views.PaymentView.as_view()),
     path("tenant/<str:tenant>/payments/", views.PaymentView.as_view()),

@@ -1,0 +1,143 @@
+"""The Django admin for idempotency keys: look, never edit; purge what has expired."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotency.models import IdempotencyKey
+
+if TYPE_CHECKING:
+    from django.db.models import QuerySet
+    from django.http import HttpRequest
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
+else:
+    _ModelAdmin = admin.ModelAdmin  # not subscriptable at run time
+
+# Larger stored bodies are summarised rather than shown.
+SHOWN_BODY_BYTES = 64 * 1024
+
+
+class ExpiredFilter(admin.SimpleListFilter):
+    title = _("expired")
+    parameter_name = "expired"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Yes")), ("no", _("No"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> QuerySet[IdempotencyKey]:
+        if self.value() == "yes":
+            return queryset.filter(expires_at__lte=timezone.now())
+        if self.value() == "no":
+            return queryset.filter(expires_at__gt=timezone.now())
+        return queryset
+
+
+@admin.register(IdempotencyKey)
+class IdempotencyKeyAdmin(_ModelAdmin):
+    list_display = [
+        "key",
+        "method",
+        "route",
+        "state",
+        "response_status",
+        "created_at",
+        "expires_at",
+        "replay_count",
+    ]
+    list_filter = ["state", ExpiredFilter, "method"]
+    # Exact matches only: a key is an opaque token, and a LIKE scan would read the whole table.
+    search_fields = ["=key"]
+    search_help_text = _("The exact Idempotency-Key.")
+    ordering = ["-id"]
+    # A count of a large, busy table is a full scan; the pager does without it.
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["delete_expired"]
+    fieldsets = [
+        (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
+        (
+            _("Stored response"),
+            {"fields": ["response_status", "stored_headers", "stored_body"]},
+        ),
+        (
+            _("Timings"),
+            {
+                "fields": [
+                    "created_at",
+                    "completed_at",
+                    "expires_at",
+                    "locked_until",
+                    "lease_version",
+                    "replay_count",
+                    "last_replayed_at",
+                ]
+            },
+        ),
+    ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # A stored response is evidence of what a client was told: nothing here is editable.
+        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # view permission still shows every page
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a live key would let the next retry run its effect again.
+        expired = obj is None or obj.expires_at <= timezone.now()
+        return expired and super().has_delete_permission(request, obj)
+
+    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # it would delete live keys too
+        return actions
+
+    @admin.display(description=_("headers"))
+    def stored_headers(self, obj: IdempotencyKey) -> str:
+        if not obj.response_headers:
+            return "—"
+        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", obj.response_headers)
+        return format_html("<table>{}</table>", rows)
+
+    @admin.display(description=_("body"))
+    def stored_body(self, obj: IdempotencyKey) -> str:
+        if obj.response_body is None:
+            return "—"
+        body = bytes(obj.response_body)
+        content_type = dict(obj.response_headers or []).get("Content-Type", "")
+        if len(body) <= SHOWN_BODY_BYTES and "json" in content_type:
+            try:
+                pretty = json.dumps(json.loads(body), indent=2, ensure_ascii=False)
+            except ValueError:
+                pass
+            else:
+                return format_html("<pre>{}</pre>", pretty)
+        if len(body) <= SHOWN_BODY_BYTES and content_type.startswith("text/"):
+            return format_html("<pre>{}</pre>", body.decode(errors="replace"))
+        return format_html("{} ({} bytes)", content_type or _("no content type"), f"{len(body):,}")
+
+    @admin.action(
+        description=_("Delete the selected keys that have expired"), permissions=["delete"]
+    )
+    def delete_expired(self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]) -> None:
+        expired = queryset.filter(expires_at__lte=timezone.now())
+        self.log_deletions(request, expired)
+        count, _deleted = expired.delete()
+        self.message_user(
+            request,
+            _("Deleted %(count)d expired keys; live keys were kept.") % {"count": count},
+            messages.SUCCESS,
+        )

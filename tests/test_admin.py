@@ -1,0 +1,112 @@
+"""The key admin: read-only pages, filters, search and deleting only what has expired."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth.models import Permission
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from tests.factories import UserFactory
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/django_idempotency/idempotencykey/"
+
+
+@pytest.fixture
+def admin_client(client):
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    return client
+
+
+@pytest.fixture
+def stored(client_alice):
+    """A completed key with a JSON response, an expired key and a key with a binary body."""
+    client_alice.send("POST", "/payments/", {"amount": 1250}, key="live-key")
+    expired = IdempotencyKey.objects.get(key="live-key")
+    expired.pk = None
+    expired.key = "old-key"
+    expired.expires_at = timezone.now() - timedelta(hours=1)
+    expired.save()
+    binary = IdempotencyKey.objects.get(key="live-key")
+    binary.pk = None
+    binary.key = "binary-key"
+    binary.response_headers = [["Content-Type", "application/pdf"]]
+    binary.response_body = b"%PDF-" + bytes(2000)
+    binary.save()
+    return IdempotencyKey.objects.get(key="live-key")
+
+
+def test_the_changelist_shows_keys_without_counting_them_all(admin_client, stored):
+    response = admin_client.get(CHANGELIST)
+    assert response.status_code == 200
+    page = response.content.decode()
+    for key in ("live-key", "old-key", "binary-key"):
+        assert key in page
+    assert response.context["cl"].show_full_result_count is False
+
+
+def test_the_expired_filter(admin_client, stored):
+    expired = admin_client.get(CHANGELIST, {"expired": "yes"}).context["cl"].result_list
+    live = admin_client.get(CHANGELIST, {"expired": "no"}).context["cl"].result_list
+    assert [key.key for key in expired] == ["old-key"]
+    assert {key.key for key in live} == {"live-key", "binary-key"}
+
+
+def test_search_is_by_exact_key(admin_client, stored):
+    assert [
+        k.key for k in admin_client.get(CHANGELIST, {"q": "live-key"}).context["cl"].result_list
+    ] == ["live-key"]
+    assert list(admin_client.get(CHANGELIST, {"q": "live"}).context["cl"].result_list) == []
+
+
+def test_the_detail_page_shows_the_stored_response_pretty(admin_client, stored):
+    page = admin_client.get(f"{CHANGELIST}{stored.pk}/change/").content.decode()
+    assert "&quot;amount&quot;: 1250" in page  # indented JSON, escaped
+    assert "<th>Location</th>" in page
+    assert stored.fingerprint in page
+    assert 'name="_save"' not in page  # nothing can be edited
+
+
+def test_a_binary_body_is_summarised(admin_client, stored):
+    binary = IdempotencyKey.objects.get(key="binary-key")
+    page = admin_client.get(f"{CHANGELIST}{binary.pk}/change/").content.decode()
+    assert "application/pdf (2,005 bytes)" in page
+
+
+def test_no_key_can_be_added(admin_client, stored):
+    assert admin_client.get(f"{CHANGELIST}add/").status_code == 403
+
+
+def test_only_expired_keys_can_be_deleted(admin_client, stored):
+    live_delete = admin_client.get(f"{CHANGELIST}{stored.pk}/delete/")
+    assert live_delete.status_code == 403
+    expired = IdempotencyKey.objects.get(key="old-key")
+    assert admin_client.get(f"{CHANGELIST}{expired.pk}/delete/").status_code == 200
+
+
+def test_the_action_deletes_the_selected_expired_keys_and_logs_it(admin_client, stored):
+    everything = list(IdempotencyKey.objects.values_list("pk", flat=True))
+    response = admin_client.post(
+        CHANGELIST, {"action": "delete_expired", "_selected_action": everything}, follow=True
+    )
+    assert "Deleted 1 expired keys" in response.content.decode()
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"live-key", "binary-key"}
+    assert LogEntry.objects.filter(action_flag=DELETION, object_repr__startswith="old-key").exists()
+    actions = admin_client.get(CHANGELIST).context["action_form"].fields["action"].choices
+    assert "delete_selected" not in dict(actions)
+
+
+def test_a_user_who_may_only_view_sees_no_actions(client, stored):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencykey"))
+    client.force_login(viewer)
+    response = client.get(CHANGELIST)
+    assert response.status_code == 200
+    assert response.context["action_form"] is None or not [
+        name for name, _ in response.context["action_form"].fields["action"].choices if name
+    ]
