@@ -44,10 +44,10 @@ class ExpiredFilter(admin.SimpleListFilter):
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ModelAdmin):
+    # The scope names the principal as well as the method and route: one key may serve several.
     list_display = [
         "key",
-        "method",
-        "route",
+        "scope",
         "state",
         "response_status",
         "created_at",
