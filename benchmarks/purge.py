@@ -53,9 +53,10 @@ def main() -> None:
             cursor.execute("TRUNCATE django_idempotency_idempotencykey")
             cursor.execute(
                 "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
-                "fingerprint, state, lease_version, created_at, expires_at, replay_count) "
+                "fingerprint, state, lease_version, attempts, created_at, expires_at, "
+                "replay_count) "
                 "SELECT 'user:' || (n %% 1000) || ' POST payments/', md5(n::text), 'POST', "
-                "'payments/', md5(n::text) || md5(n::text), 'succeeded', 1, "
+                "'payments/', md5(n::text) || md5(n::text), 'succeeded', 1, 1, "
                 "now() - interval '2 days', now() - interval '1 day', 0 "
                 "FROM generate_series(1, %s) AS n",
                 [args.rows],

@@ -78,6 +78,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
                     "expires_at",
                     "locked_until",
                     "lease_version",
+                    "attempts",
                     "replay_count",
                     "last_replayed_at",
                 ]

@@ -92,6 +92,10 @@ def _retryable_status_codes(value: Any) -> str | None:
     return "must be a list of HTTP status codes"
 
 
+def _mode(value: Any) -> str | None:
+    return None if value in ("atomic", "lease") else "must be 'atomic' or 'lease'"
+
+
 VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "HEADER": ("django_idempotency.E003", _header),
     "KEY_REQUIRED": ("django_idempotency.E004", _key_required),
@@ -102,6 +106,8 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "ANONYMOUS": ("django_idempotency.E009", _anonymous),
     "FINGERPRINT_HEADERS": ("django_idempotency.E010", _fingerprint_headers),
     "RETRYABLE_STATUS_CODES": ("django_idempotency.E011", _retryable_status_codes),
+    "MODE": ("django_idempotency.E014", _mode),
+    "LEASE_TIMEOUT": ("django_idempotency.E015", _ttl),
 }
 
 

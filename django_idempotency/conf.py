@@ -36,10 +36,16 @@ DEFAULTS: dict[str, Any] = {
     "FINGERPRINT_HEADERS": (),
     # Statuses that invite a retry: never stored, so that the retry executes again.
     "RETRYABLE_STATUS_CODES": (408, 409, 425, 429),
+    # "atomic": the key shares the view's transaction. "lease": the key is committed first and
+    # held for LEASE_TIMEOUT, for views whose effect leaves the database.
+    "MODE": "atomic",
+    # Lease mode: how long a request owns its key before another may take it over.
+    "LEASE_TIMEOUT": timedelta(seconds=60),
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AnonymousPolicy = Literal["shared", "reject"]
+Mode = Literal["atomic", "lease"]
 
 
 @cache
@@ -126,6 +132,18 @@ class IdempotencySettings:
     @property
     def RETRYABLE_STATUS_CODES(self) -> frozenset[int]:
         return frozenset(self.get("RETRYABLE_STATUS_CODES"))
+
+    @property
+    def MODE(self) -> Mode:
+        value = self.get("MODE")
+        if value not in ("atomic", "lease"):
+            msg = f"IDEMPOTENCY['MODE'] must be 'atomic' or 'lease', not {value!r}."
+            raise ImproperlyConfigured(msg)
+        return value  # type: ignore[no-any-return]
+
+    @property
+    def LEASE_TIMEOUT(self) -> timedelta:
+        return as_timedelta(self.get("LEASE_TIMEOUT"), "IDEMPOTENCY['LEASE_TIMEOUT']")
 
 
 idempotency_settings = IdempotencySettings()

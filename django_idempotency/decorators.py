@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
     from django.http import HttpRequest, HttpResponseBase
 
+    from django_idempotency.engine import Recover
+
     ViewFunction = Callable[..., HttpResponseBase]
 
 
@@ -30,6 +32,9 @@ def idempotent(
     scope_function: Callable[[Any, str], str] | str | None = None,
     fingerprint_headers: Iterable[str] | None = None,
     retryable_status_codes: Iterable[int] | None = None,
+    mode: str | None = None,
+    lease_timeout: timedelta | float | None = None,
+    recover: Recover | None = None,
     engine: Engine | None = None,
 ) -> Callable[[ViewFunction], ViewFunction]: ...
 def idempotent(
@@ -43,13 +48,19 @@ def idempotent(
     scope_function: Callable[[Any, str], str] | str | None = None,
     fingerprint_headers: Iterable[str] | None = None,
     retryable_status_codes: Iterable[int] | None = None,
+    mode: str | None = None,
+    lease_timeout: timedelta | float | None = None,
+    recover: Recover | None = None,
     engine: Engine | None = None,
 ) -> ViewFunction | Callable[[ViewFunction], ViewFunction]:
     """Make a view's unsafe methods idempotent by ``Idempotency-Key``.
 
     Use bare (``@idempotent``) or with per-view options; an option left at ``None`` follows the
-    ``IDEMPOTENCY`` setting of the same name, read on each request. For a class-based view,
-    decorate ``as_view()`` or use ``method_decorator(idempotent, name="dispatch")``.
+    ``IDEMPOTENCY`` setting of the same name, read on each request. In lease mode,
+    ``recover(request, key=..., attempt=...)`` is asked, before a key whose earlier request did
+    not finish runs again, for the response to store if the effect already happened.
+    For a class-based view, decorate ``as_view()`` or use
+    ``method_decorator(idempotent, name="dispatch")``.
     """
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
@@ -71,6 +82,9 @@ def idempotent(
                 scope_function=scope_function,
                 fingerprint_headers=fingerprint_headers,
                 retryable_status_codes=retryable_status_codes,
+                mode=mode,
+                lease_timeout=lease_timeout,
+                recover=recover,
             )
             return (engine or default_engine).handle(
                 request,

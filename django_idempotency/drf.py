@@ -41,6 +41,8 @@ class IdempotentMixin(_Base):
     idempotency_scope_function: Callable[[Any, str], str] | str | None = None
     idempotency_fingerprint_headers: Iterable[str] | None = None
     idempotency_retryable_status_codes: Iterable[int] | None = None
+    idempotency_mode: str | None = None
+    idempotency_lease_timeout: timedelta | float | None = None
     idempotency_engine: Engine = default_engine
 
     def get_idempotency_policy(self) -> Policy:
@@ -54,7 +56,26 @@ class IdempotentMixin(_Base):
             scope_function=type(self).idempotency_scope_function,
             fingerprint_headers=self.idempotency_fingerprint_headers,
             retryable_status_codes=self.idempotency_retryable_status_codes,
+            mode=self.idempotency_mode,
+            lease_timeout=self.idempotency_lease_timeout,
+            recover=self._recover,
         )
+
+    def recover_idempotent_request(
+        self, request: Request, *, key: str, attempt: int
+    ) -> HttpResponseBase | None:
+        """Lease mode: an earlier request with ``key`` did not finish; did its effect happen?
+
+        Ask the downstream (the payment provider, by the idempotency key you gave it) and
+        return the response to store if the effect happened, or ``None`` to run the view again.
+        """
+        return None
+
+    def _recover(self, request: Request, *, key: str, attempt: int) -> HttpResponseBase | None:
+        response = self.recover_idempotent_request(request, key=key, attempt=attempt)
+        if response is None:
+            return None
+        return self.finalize_response(request, response)  # type: ignore[arg-type]
 
     def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override] # DRF finalizes any HttpResponseBase
         # The database can fail before the handler runs too (authentication queries it after

@@ -25,12 +25,12 @@ from django.utils import timezone
 
 from django_idempotency import problems, signals
 from django_idempotency.checks import VALIDATORS
-from django_idempotency.conf import as_timedelta, idempotency_settings, resolve_callable
+from django_idempotency.conf import Mode, as_timedelta, idempotency_settings, resolve_callable
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scope import AnonymousRejected
-from django_idempotency.store import KeyBusy, KeyStore, StoredResponse
+from django_idempotency.store import Claim, Conflict, KeyBusy, KeyStore, StoredResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
     from django.dispatch import Signal
     from django.http import HttpRequest
+
+    Recover = Callable[..., HttpResponseBase | None]
 
 logger = logging.getLogger("django_idempotency")
 
@@ -89,7 +91,12 @@ _SETTING_OF = {
     "scope_function": "SCOPE_FUNCTION",
     "fingerprint_headers": "FINGERPRINT_HEADERS",
     "retryable_status_codes": "RETRYABLE_STATUS_CODES",
+    "mode": "MODE",
+    "lease_timeout": "LEASE_TIMEOUT",
 }
+
+# Lease mode: how often a duplicate looks again while the first request holds the lease.
+LEASE_POLL_SECONDS = 0.05
 
 
 @dataclass(frozen=True)
@@ -104,9 +111,14 @@ class Policy:
     scope_function: Callable[[Any, str], str]
     fingerprint_headers: tuple[str, ...]
     retryable_status_codes: frozenset[int]
+    mode: Mode
+    lease_timeout: timedelta
+    # Lease mode: called as recover(request, key=..., attempt=...) before a key whose earlier
+    # request did not finish runs again; a response means "the effect already happened".
+    recover: Recover | None = None
 
     @classmethod
-    def from_settings(cls, **overrides: Any) -> Policy:
+    def from_settings(cls, recover: Recover | None = None, **overrides: Any) -> Policy:
         """Build a policy from ``IDEMPOTENCY``; an override of ``None`` keeps the setting."""
         if unknown := set(overrides) - set(_SETTING_OF):
             msg = f"Unknown idempotency options: {', '.join(sorted(unknown))}."
@@ -121,11 +133,12 @@ class Policy:
                 raise ImproperlyConfigured(msg)
             values[field] = value
         values["ttl"] = as_timedelta(values["ttl"], "ttl")
+        values["lease_timeout"] = as_timedelta(values["lease_timeout"], "lease_timeout")
         values["scope_function"] = resolve_callable(values["scope_function"], "scope_function")
         values["methods"] = frozenset(method.upper() for method in values["methods"])
         values["fingerprint_headers"] = tuple(values["fingerprint_headers"])
         values["retryable_status_codes"] = frozenset(values["retryable_status_codes"])
-        return cls(**values)
+        return cls(**values, recover=recover)
 
     def stores(self, status: int) -> bool:
         """Whether a response with this status is stored: 2xx, 3xx and deterministic 4xx."""
@@ -185,6 +198,24 @@ def _capture(response: HttpResponseBase) -> tuple[list[tuple[str, str]], bytes]:
         (name, value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS
     ]
     return headers, body
+
+
+def _answer_from(found: StoredResponse | Conflict) -> _Decision:
+    """Replay a completed row; a row holding another request is a mismatch."""
+    if isinstance(found, StoredResponse):
+        replay = _replay_response(found)
+        return _Decision(Outcome.REPLAYED, replay, attempt=found.replay_count + 1)
+    detail = "This key was already used with a different request."
+    mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
+    return _Decision(Outcome.MISMATCH, mismatch)
+
+
+def _release(store: KeyStore, claim: Claim) -> None:
+    """Mark a lease-mode key failed so that a retry runs again; never mask the real error."""
+    try:
+        store.fail(claim)
+    except DATABASE_UNAVAILABLE:
+        logger.warning("could not release an idempotency key; its lease will run out")
 
 
 def _replay_response(stored: StoredResponse) -> HttpResponse:
@@ -264,9 +295,17 @@ class Engine:
             # Resolving the principal may be the request's first query (a lazy request.user).
             return _Decision(Outcome.UNAVAILABLE, unavailable_response(), key, route=route)
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
+        execute = self._execute_lease if policy.mode == "lease" else self._execute
         try:
-            decision = self._execute(
-                request, view, policy, key=key, scope=scope, route=route, fingerprint=fingerprint
+            decision = execute(
+                request,
+                view,
+                policy,
+                view_request,
+                key=key,
+                scope=scope,
+                route=route,
+                fingerprint=fingerprint,
             )
         except KeyBusy:
             detail = "A request with this key is still being processed; retry later."
@@ -285,12 +324,14 @@ class Engine:
         request: HttpRequest,
         view: Callable[[], HttpResponseBase],
         policy: Policy,
+        view_request: Any,
         *,
         key: str,
         scope: str,
         route: str,
         fingerprint: str,
     ) -> _Decision:
+        """Atomic mode: claim, run and complete in one transaction with the view's writes."""
         store = KeyStore(router.db_for_write(IdempotencyKey))
         now = self.clock()
         with transaction.atomic(using=store.using):
@@ -306,14 +347,9 @@ class Engine:
             )
             if claim is None:
                 found = store.replay(scope=scope, key=key, fingerprint=fingerprint, now=now)
-                if isinstance(found, StoredResponse):
-                    replay = _replay_response(found)
-                    return _Decision(Outcome.REPLAYED, replay, attempt=found.replay_count + 1)
-                if found.fingerprint_matches:
+                if isinstance(found, Conflict) and found.fingerprint_matches:
                     raise KeyBusy
-                detail = "This key was already used with a different request."
-                mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
-                return _Decision(Outcome.MISMATCH, mismatch)
+                return _answer_from(found)
 
             # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises
             # an API error. A savepoint then undoes just the view's writes, and its answer is
@@ -335,6 +371,89 @@ class Engine:
                 raise KeyBusy
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response)
+
+    def _execute_lease(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        policy: Policy,
+        view_request: Any,
+        *,
+        key: str,
+        scope: str,
+        route: str,
+        fingerprint: str,
+    ) -> _Decision:
+        """Lease mode: commit the claim first, run the view under the lease, then store.
+
+        For views whose effect leaves the database (a card charge): a duplicate sees the
+        committed claim and waits for the result, and a request that dies leaves a lease that
+        runs out, after which the next request with the key takes it over.
+        """
+        store = KeyStore(router.db_for_write(IdempotencyKey))
+        if transaction.get_connection(store.using).in_atomic_block:
+            msg = (
+                "Lease mode commits the key before the view runs, so the view must not run "
+                "inside a transaction: exempt it from ATOMIC_REQUESTS with "
+                "django.db.transaction.non_atomic_requests."
+            )
+            raise ImproperlyConfigured(msg)
+        deadline = time.monotonic() + policy.wait_timeout
+        while True:
+            now = self.clock()
+            with transaction.atomic(using=store.using):
+                claim = store.claim(
+                    scope=scope,
+                    key=key,
+                    method=request.method or "",
+                    route=route[:ROUTE_LENGTH],
+                    fingerprint=fingerprint,
+                    now=now,
+                    expires_at=now + policy.ttl,
+                    wait_timeout=policy.wait_timeout,
+                    locked_until=now + policy.lease_timeout,
+                )
+                found = (
+                    None
+                    if claim
+                    else store.replay(scope=scope, key=key, fingerprint=fingerprint, now=now)
+                )
+            if claim is not None:
+                break
+            assert found is not None  # noqa: S101 - for the type checker
+            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
+                return _answer_from(found)
+            # The first request still holds its lease: look again until the wait runs out. A
+            # lease that runs out meanwhile is taken over by the claim itself.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KeyBusy
+            time.sleep(min(LEASE_POLL_SECONDS, remaining))
+
+        response = None
+        if claim.attempts > 1 and policy.recover is not None:
+            # An earlier request with this key did not finish: its effect may have happened.
+            response = policy.recover(view_request, key=key, attempt=claim.attempts)
+        if response is None:
+            try:
+                response = view()
+            except Exception:
+                _release(store, claim)
+                raise
+        if not policy.stores(response.status_code):
+            _release(store, claim)
+            return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
+        headers, body = _capture(response)
+        stored = store.complete(
+            claim, status=response.status_code, headers=headers, body=body, now=self.clock()
+        )
+        if not stored:
+            # Our lease ran out and another request took the key over: it stores its own
+            # answer, and this one, already given to its client, is not kept.
+            logger.error("the lease on idempotency key %s was taken over; not stored", key)
+            return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
+        response[STATUS_HEADER] = "stored"
+        return _Decision(Outcome.STORED, response, attempt=claim.attempts)
 
     def _report(self, decision: _Decision, sender: Any, view_request: Any, started: float) -> None:
         duration_ms = round((time.perf_counter() - started) * 1000, 3)

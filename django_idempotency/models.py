@@ -3,7 +3,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, router
 from django.utils import timezone
@@ -81,6 +81,54 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         )
         return result
 
+    def sweep_expired_leases(self, *, now: datetime | None = None, batch_size: int = 1_000) -> int:
+        """Mark keys whose lease ran out as failed, in batches; return how many.
+
+        A request that died (a killed worker) leaves its key in progress until its lease runs
+        out; then the next request with the key takes it over anyway. Sweeping does it ahead
+        of time, and fences the dead request: it raises the lease version, so a worker that
+        was only slow can no longer store its result. Safe in several processes at once: a
+        lease is swept once.
+        """
+        now = now or timezone.now()
+        connection = connections[router.db_for_write(self.model)]
+        statement = _sweep_statement(connection)
+        prepared_now = self.model._meta.get_field("locked_until").get_db_prep_value(now, connection)
+        swept = 0
+        while True:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, [prepared_now, batch_size])
+                count: int = cursor.rowcount
+            swept += count
+            if count < batch_size:
+                break
+        logger.info(
+            "swept %d expired idempotency leases", swept, extra={"idempotency_swept": swept}
+        )
+        return swept
+
+
+def _quoted_column(connection: BaseDatabaseWrapper, name: str) -> str:
+    field = cast("models.Field[Any, Any]", IdempotencyKey._meta.get_field(name))
+    return connection.ops.quote_name(field.column)
+
+
+def _sweep_statement(connection: BaseDatabaseWrapper) -> str:
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+
+    def c(name: str) -> str:
+        return _quoted_column(connection, name)
+
+    # Only leased, unfinished rows carry locked_until: the partial lease index finds them.
+    pick = f"SELECT {c('id')} FROM {table} WHERE {c('locked_until')} <= %s "  # noqa: S608
+    pick += f"ORDER BY {c('locked_until')} LIMIT %s"
+    if connection.vendor == "postgresql":
+        pick += " FOR UPDATE SKIP LOCKED"  # another sweeper's batch is its own
+    return (
+        f"UPDATE {table} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
+        f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({pick})"
+    )
+
 
 def _purge_statement(connection: BaseDatabaseWrapper) -> str:
     # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
@@ -88,10 +136,8 @@ def _purge_statement(connection: BaseDatabaseWrapper) -> str:
     # the primary key is the cheapest batch to find; a row that another purge, or a request
     # taking over that very key, holds is waited for briefly, in key order, so two purges
     # never deadlock and the row is skipped once it no longer matches.
-    quote = connection.ops.quote_name
-    table = quote(IdempotencyKey._meta.db_table)
-    pk = quote(IdempotencyKey._meta.get_field("id").column)
-    expires = quote(IdempotencyKey._meta.get_field("expires_at").column)
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    pk, expires = _quoted_column(connection, "id"), _quoted_column(connection, "expires_at")
     return f"DELETE FROM {table} WHERE {pk} >= %s AND {pk} < %s AND {expires} <= %s"  # noqa: S608
 
 
@@ -124,7 +170,17 @@ class IdempotencyKey(models.Model):
         default=1,
         help_text=_("Fencing token: raised each time another request takes the key over."),
     )
-    locked_until = models.DateTimeField(_("locked until"), null=True, blank=True)
+    locked_until = models.DateTimeField(
+        _("locked until"),
+        null=True,
+        blank=True,
+        help_text=_("Lease mode: until when the request running the key owns it."),
+    )
+    attempts = models.PositiveIntegerField(
+        _("attempts"),
+        default=1,
+        help_text=_("Requests that started running this key; above 1 after an unfinished one."),
+    )
     response_status = models.PositiveSmallIntegerField(_("response status"), null=True, blank=True)
     response_headers = models.JSONField(
         _("response headers"),

@@ -40,6 +40,7 @@ class Claim:
 
     id: int
     lease_version: int
+    attempts: int  # above 1: an earlier request with this key did not finish
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class _Statements(NamedTuple):
     claim: str
     replay: str
     complete: str
+    fail: str
 
 
 def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
@@ -83,23 +85,29 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
     t = quote(IdempotencyKey._meta.db_table)
     inserted = [
         "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
-        "created_at", "expires_at", "replay_count",
+        "locked_until", "attempts", "created_at", "expires_at", "replay_count",
     ]  # fmt: skip
     reset = [
         "response_status", "response_headers", "response_body", "completed_at",
         "last_replayed_at",
     ]  # fmt: skip
-    # Taking over an expired row starts it afresh, under a new lease version.
+    # Taking over a row starts it afresh, under a new lease version. A row that never
+    # completed (it failed, or its lease ran out) counts one more attempt: its effect may have
+    # happened, which is what the view's recovery hook is asked.
     updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
     updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
+    updates["attempts"] = (
+        f"CASE WHEN {t}.{c('state')} = 'succeeded' THEN 1 ELSE {t}.{c('attempts')} + 1 END"
+    )
     updates.update(dict.fromkeys(reset, "NULL"))
     assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
     columns = ", ".join(c(name) for name in inserted)
     values = ", ".join(["%s"] * len(inserted))
     conflict = (
         f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
-        f"WHERE {t}.{c('expires_at')} <= %s "
-        f"RETURNING {c('id')}, {c('lease_version')}"
+        f"WHERE {t}.{c('expires_at')} <= %s OR {t}.{c('state')} = 'failed' "
+        f"OR {t}.{c('locked_until')} <= %s "
+        f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
     )
     if vendor == "postgresql":
         # One round trip: the CTE sets a transaction-local lock_timeout before the insert can
@@ -127,7 +135,11 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"{c('response_headers')} = %s, {c('response_body')} = %s, {c('completed_at')} = %s, "
         f"{c('locked_until')} = NULL WHERE {c('id')} = %s AND {c('lease_version')} = %s"
     )
-    return _Statements(claim, replay, complete)
+    fail = (
+        f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL "  # noqa: S608
+        f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
+    )
+    return _Statements(claim, replay, complete, fail)
 
 
 # Built once per database vendor, not per request.
@@ -159,15 +171,18 @@ class KeyStore:
         now: datetime,
         expires_at: datetime,
         wait_timeout: float,
+        locked_until: datetime | None = None,
     ) -> Claim | None:
-        """Insert the key row, or take over an expired one. ``None`` if a live row holds it.
+        """Insert the key row, or take over one that expired, failed or lost its lease.
 
-        Must run inside ``transaction.atomic``. Raises ``KeyBusy`` when the wait is exceeded.
+        ``None`` if a live row holds the key. Must run inside ``transaction.atomic``. Raises
+        ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
+        prepared_now = self._prep("expires_at", now)
         params = [
             scope, key, method, route, fingerprint, IdempotencyKey.State.IN_PROGRESS, 1,
-            self._prep("created_at", now), self._prep("expires_at", expires_at), 0,
-            self._prep("expires_at", now),
+            self._prep("locked_until", locked_until), 1, self._prep("created_at", now),
+            self._prep("expires_at", expires_at), 0, prepared_now, prepared_now,
         ]  # fmt: skip
         if self.connection.vendor == "postgresql":
             params.insert(0, f"{max(1, round(wait_timeout * 1000))}ms")
@@ -179,7 +194,9 @@ class KeyStore:
                     raise KeyBusy from exc
                 raise
             row = cursor.fetchone()
-        return Claim(id=row[0], lease_version=row[1]) if row is not None else None
+        if row is None:
+            return None
+        return Claim(id=row[0], lease_version=row[1], attempts=row[2])
 
     def replay(
         self, *, scope: str, key: str, fingerprint: str, now: datetime
@@ -236,4 +253,10 @@ class KeyStore:
         ]
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.complete, params)
+            return bool(cursor.rowcount == 1)
+
+    def fail(self, claim: Claim) -> bool:
+        """Mark the claimed row failed, so the next request takes it over. Fenced like complete."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.fail, [claim.id, claim.lease_version])
             return bool(cursor.rowcount == 1)

@@ -19,3 +19,9 @@ def purge_expired_keys(
         batch_size=batch_size, pause=pause, max_seconds=max_seconds
     )
     return result.deleted
+
+
+@shared_task(name="django_idempotency.sweep_expired_leases", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+def sweep_expired_leases() -> int:
+    """Mark keys whose lease ran out as failed; return how many."""
+    return IdempotencyKey.objects.sweep_expired_leases()

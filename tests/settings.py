@@ -49,7 +49,7 @@ if os.environ.get("TEST_DATABASE") == "postgresql":
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            "NAME": "django_idempotency",
+            "NAME": os.environ.get("TEST_PG_NAME", "django_idempotency"),
         }
     }
 else:

@@ -122,9 +122,9 @@ def make_many_keys(count: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
-            "fingerprint, state, lease_version, created_at, expires_at, replay_count) "
+            "fingerprint, state, lease_version, attempts, created_at, expires_at, replay_count) "
             "SELECT 'user:1 POST payments/', 'key-' || n, 'POST', 'payments/', %s, "
-            "'succeeded', 1, t, t + interval '24 hours', 0 FROM generate_series(0, %s) AS n, "
+            "'succeeded', 1, 1, t, t + interval '24 hours', 0 FROM generate_series(0, %s) AS n, "
             "LATERAL (SELECT %s - CASE WHEN n %% 2 = 0 THEN interval '2 days' "
             "ELSE interval '0' END AS t) AS created",
             ["0" * 64, count - 1, NOW],

@@ -8,6 +8,8 @@ class Payment(models.Model):
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, null=True)
     amount = models.PositiveIntegerField()
     currency = models.CharField(max_length=3, default="EUR")
+    # What a downstream provider would keep: the idempotency key it was called with.
+    reference = models.CharField(max_length=255, blank=True, default="")
 
     def __str__(self) -> str:
         return f"{self.amount} {self.currency}"

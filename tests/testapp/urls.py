@@ -30,5 +30,7 @@ urlpatterns = [
     path("per-tenant/", views.PerTenantPaymentView.as_view()),
     path("misconfigured/", views.MisconfiguredPaymentView.as_view()),
     path("twice/", views.twice),
+    path("lease/", views.LeasePaymentView.as_view()),
+    path("lease-recovering/", views.RecoveringLeasePaymentView.as_view()),
     path("api/", include(router.urls)),
 ]

@@ -203,3 +203,31 @@ class MisconfiguredPaymentView(PaymentView):
 
 
 twice = csrf_exempt(idempotent(idempotent(plain_payment)))
+
+
+class LeasePaymentView(IdempotentMixin, APIView):
+    """An effect that "leaves the database": the payment commits as soon as it is written."""
+
+    idempotency_mode = "lease"
+    idempotency_lease_timeout = 1
+
+    def post(self, request):
+        payment = Payment.objects.create(
+            amount=request.data["amount"], reference=request.headers["Idempotency-Key"]
+        )
+        if hold := request.headers.get("X-Hold"):
+            time.sleep(float(hold))
+        if request.headers.get("X-Fail") == "exception":
+            raise RuntimeError("boom after the effect")
+        if forced := request.headers.get("X-Status"):
+            return Response({"forced": forced}, status=int(forced))
+        return Response({"id": payment.pk}, status=201)
+
+
+class RecoveringLeasePaymentView(LeasePaymentView):
+    recovered = []
+
+    def recover_idempotent_request(self, request, *, key, attempt):
+        self.recovered.append((key, attempt))
+        payment = Payment.objects.filter(reference=key).first()
+        return Response({"id": payment.pk}, status=201) if payment else None

@@ -1,0 +1,212 @@
+"""Lease mode: the key commits first, a lease holds it, a dead request's lease is taken over."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import KeyStore
+from tests.conftest import ApiClient
+from tests.testapp.models import Payment
+from tests.testapp.views import RecoveringLeasePaymentView
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _forget_recoveries():
+    RecoveringLeasePaymentView.recovered.clear()
+
+
+def claim(store, key, now, lease=timedelta(seconds=1)):
+    return store.claim(
+        scope="s", key=key, method="POST", route="r/", fingerprint="f" * 64, now=now,
+        expires_at=now + timedelta(hours=24), wait_timeout=1, locked_until=now + lease,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+class TestFencing:
+    def test_a_stale_owner_can_neither_store_nor_release_after_a_takeover(self):
+        store = KeyStore("default")
+        now = timezone.now()
+        first = claim(store, "k", now)
+        assert claim(store, "k", now) is None  # the lease is live
+        second = claim(store, "k", now + timedelta(seconds=2))  # the lease ran out
+
+        assert (first.lease_version, second.lease_version) == (1, 2)
+        assert second.attempts == 2
+        stale = store.complete(first, status=201, headers=[], body=b"late", now=now)
+        assert stale is False
+        assert store.fail(first) is False
+        row = IdempotencyKey.objects.get()
+        assert (row.state, row.response_body) == (IdempotencyKey.State.IN_PROGRESS, None)
+        assert store.complete(second, status=201, headers=[], body=b"ok", now=now) is True
+
+    def test_a_completed_key_is_not_taken_over_until_it_expires(self):
+        store = KeyStore("default")
+        now = timezone.now()
+        first = claim(store, "k", now)
+        store.complete(first, status=201, headers=[], body=b"ok", now=now)
+        assert claim(store, "k", now + timedelta(hours=1)) is None
+        fresh = claim(store, "k", now + timedelta(hours=25))
+        assert (fresh.lease_version, fresh.attempts) == (2, 1)  # expired: a fresh start
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLeaseRequests:
+    def test_the_first_request_commits_its_key_and_stores_its_answer(self, client_alice, key):
+        first = client_alice.send("POST", "/lease/", {"amount": 5}, key=key)
+        second = client_alice.send("POST", "/lease/", {"amount": 5}, key=key)
+        assert first["Idempotency-Status"] == "stored"
+        assert second["Idempotency-Status"] == "replayed"
+        assert second.content == first.content
+        row = IdempotencyKey.objects.get()
+        assert (row.state, row.locked_until, row.attempts) == ("succeeded", None, 1)
+        assert Payment.objects.count() == 1
+
+    def test_a_failed_request_releases_its_key_and_the_retry_recovers(self, client_alice, key):
+        client = ApiClient(client_alice.user, raise_request_exception=False)
+        failed = client.send(
+            "POST", "/lease-recovering/", {"amount": 5}, key=key, headers={"X-Fail": "exception"}
+        )
+        assert failed.status_code == 500
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.FAILED
+
+        retry = client.send("POST", "/lease-recovering/", {"amount": 5}, key=key)
+        # The effect had happened before the error: the hook found it, nothing ran again.
+        assert retry["Idempotency-Status"] == "stored"
+        assert RecoveringLeasePaymentView.recovered == [(key, 2)]
+        assert Payment.objects.count() == 1
+        assert json.loads(retry.content)["id"] == Payment.objects.get().pk
+
+    def test_without_a_recovery_hook_the_retry_runs_again(self, client_alice, key):
+        client_alice.send("POST", "/lease/", {"amount": 5}, key=key, headers={"X-Status": "503"})
+        retry = client_alice.send("POST", "/lease/", {"amount": 5}, key=key)
+        assert retry["Idempotency-Status"] == "stored"
+        assert IdempotencyKey.objects.get().attempts == 2
+        assert Payment.objects.count() == 2  # the effect leaves the database: no rollback
+
+    def test_lease_mode_refuses_to_run_inside_a_transaction(self, client_alice, key, monkeypatch):
+        monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+        with pytest.raises(ImproperlyConfigured, match="non_atomic_requests"):
+            client_alice.send("POST", "/lease/", {"amount": 5}, key=key)
+        assert IdempotencyKey.objects.count() == 0
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+class TestLeaseConcurrency:
+    def start(self, work):
+        from tests.test_store import start  # noqa: PLC0415
+
+        return start(work)
+
+    def wait_for(self, condition, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if condition():
+                return
+            time.sleep(0.02)
+        raise AssertionError("timed out")
+
+    def test_the_claim_is_committed_while_the_view_runs(self, alice, key):
+        first = self.start(
+            lambda: ApiClient(alice).send(
+                "POST", "/lease/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
+            )
+        )
+        self.wait_for(lambda: IdempotencyKey.objects.filter(key=key).exists())
+        row = IdempotencyKey.objects.get()
+        assert row.state == IdempotencyKey.State.IN_PROGRESS
+        assert row.locked_until > timezone.now()
+        assert first()["Idempotency-Status"] == "stored"
+
+    @override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 5})
+    def test_a_duplicate_waits_for_the_lease_holder_and_replays(self, alice, key):
+        first = self.start(
+            lambda: ApiClient(alice).send(
+                "POST", "/lease/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
+            )
+        )
+        self.wait_for(lambda: IdempotencyKey.objects.filter(key=key).exists())
+        duplicate = ApiClient(alice).send("POST", "/lease/", {"amount": 5}, key=key)
+        assert duplicate["Idempotency-Status"] == "replayed"
+        assert duplicate.content == first().content
+        assert Payment.objects.count() == 1
+
+    @override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.2})
+    def test_past_the_wait_a_duplicate_gets_409_and_a_changed_one_422(self, alice, key):
+        first = self.start(
+            lambda: ApiClient(alice).send(
+                "POST", "/lease/", {"amount": 5}, key=key, headers={"X-Hold": "0.8"}
+            )
+        )
+        self.wait_for(lambda: IdempotencyKey.objects.filter(key=key).exists())
+        busy = ApiClient(alice).send("POST", "/lease/", {"amount": 5}, key=key)
+        changed = ApiClient(alice).send("POST", "/lease/", {"amount": 6}, key=key)
+        first()
+        assert busy.status_code == 409
+        # The claim is committed, so a different request is told apart at once.
+        assert changed.status_code == 422
+        assert Payment.objects.count() == 1
+
+    def test_a_killed_worker_is_recovered_after_its_lease_runs_out(self, alice, key):
+        env = {
+            **os.environ,
+            "TEST_DATABASE": "postgresql",
+            "TEST_PG_NAME": connection.settings_dict["NAME"],
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tests.lease_worker", alice.username, key], cwd=ROOT, env=env
+        )
+        try:
+            # Killed mid-effect: the payment is written, the answer is not.
+            self.wait_for(lambda: Payment.objects.filter(reference=key).exists(), timeout=30)
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(timeout=10)
+        finally:
+            worker.kill()
+
+        client = ApiClient(alice)
+        with override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.1}):
+            during = client.send("POST", "/lease-recovering/", {"amount": 700}, key=key)
+        assert during.status_code == 409  # the dead worker's lease still holds
+        time.sleep(1.1)  # the view's lease is one second
+        retry = client.send("POST", "/lease-recovering/", {"amount": 700}, key=key)
+        again = client.send("POST", "/lease-recovering/", {"amount": 700}, key=key)
+
+        assert retry["Idempotency-Status"] == "stored"
+        assert again["Idempotency-Status"] == "replayed"
+        assert RecoveringLeasePaymentView.recovered == [(key, 2)]
+        assert Payment.objects.filter(reference=key).count() == 1
+
+    def test_parallel_sweepers_take_each_expired_lease_once(self):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
+                "fingerprint, state, lease_version, locked_until, attempts, created_at, "
+                "expires_at, replay_count) SELECT 's', 'k' || n, 'POST', 'r/', %s, "
+                "'in_progress', 1, now() - interval '1 second', 1, now(), "
+                "now() + interval '1 day', 0 FROM generate_series(1, 10000) AS n",
+                ["f" * 64],
+            )
+        from tests.test_store import in_threads  # noqa: PLC0415
+
+        swept = in_threads(4, lambda _: IdempotencyKey.objects.sweep_expired_leases(batch_size=500))
+        assert sum(swept) == 10_000
+        assert IdempotencyKey.objects.filter(state="failed", lease_version=2).count() == 10_000
+        assert not IdempotencyKey.objects.filter(locked_until__isnull=False).exists()
