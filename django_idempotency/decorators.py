@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import wraps
+from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
 from django.core.exceptions import ImproperlyConfigured
@@ -64,6 +65,9 @@ def idempotent(
     """
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
+        if iscoroutinefunction(view_func):
+            msg = f"@idempotent supports synchronous views only; {view_func.__name__} is async."
+            raise ImproperlyConfigured(msg)
         if _is_drf_view(view_func):
             msg = (
                 f"@idempotent on {view_func.__name__} would run before Django REST framework "

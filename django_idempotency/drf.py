@@ -81,7 +81,7 @@ class IdempotentMixin(_Base):
         # The database can fail before the handler runs too (authentication queries it after
         # a failover): that is a retryable 503, never a bare 500.
         if isinstance(exc, DATABASE_UNAVAILABLE):
-            return unavailable_response()
+            return unavailable_response(rolled_back=False)
         return super().handle_exception(exc)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:

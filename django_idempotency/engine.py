@@ -19,13 +19,18 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import InterfaceError, OperationalError, router, transaction
+from django.db import InterfaceError, OperationalError, connections, router, transaction
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 
 from django_idempotency import problems, signals
-from django_idempotency.checks import VALIDATORS
-from django_idempotency.conf import Mode, as_timedelta, idempotency_settings, resolve_callable
+from django_idempotency.conf import (
+    VALIDATORS,
+    Mode,
+    as_timedelta,
+    idempotency_settings,
+    resolve_callable,
+)
 from django_idempotency.fingerprint import request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
@@ -161,10 +166,20 @@ class _Decision:
 DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
 
 
-def unavailable_response() -> HttpResponse:
-    """Log the current database error and answer 503 ``idempotency.unavailable``."""
-    logger.warning("database unavailable; the transaction was rolled back", exc_info=True)
-    detail = "The database could not complete the request; nothing was kept. Retry it."
+def unavailable_response(*, rolled_back: bool) -> HttpResponse:
+    """Log the current database error and answer 503 ``idempotency.unavailable``.
+
+    ``rolled_back`` says whether the engine's transaction held everything the view did, so
+    that the client can be told nothing was kept.
+    """
+    logger.warning("database unavailable", exc_info=True)
+    # Under ATOMIC_REQUESTS the request's own transaction is still open on a dead connection:
+    # mark it for rollback, or Django would try to commit it and answer 500 after all.
+    for connection in connections.all(initialized_only=True):
+        if connection.in_atomic_block:
+            connection.set_rollback(True)
+    detail = "The database could not complete the request"
+    detail += "; nothing was kept. Retry it." if rolled_back else ". Retry it."
     return problems.problem_response(problems.UNAVAILABLE, detail)
 
 
@@ -293,7 +308,8 @@ class Engine:
             return _Decision(Outcome.INVALID, response, key, route=route)
         except DATABASE_UNAVAILABLE:
             # Resolving the principal may be the request's first query (a lazy request.user).
-            return _Decision(Outcome.UNAVAILABLE, unavailable_response(), key, route=route)
+            response = unavailable_response(rolled_back=True)
+            return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
         execute = self._execute_lease if policy.mode == "lease" else self._execute
         try:
@@ -312,8 +328,10 @@ class Engine:
             response = problems.problem_response(problems.IN_PROGRESS, detail)
             decision = _Decision(Outcome.IN_PROGRESS, response)
         except DATABASE_UNAVAILABLE:
-            # The transaction was rolled back with the key, so the client may safely retry.
-            decision = _Decision(Outcome.UNAVAILABLE, unavailable_response())
+            # In atomic mode the transaction was rolled back with the key; in lease mode the
+            # view's effect may have happened, and the key tells the retry so.
+            response = unavailable_response(rolled_back=policy.mode == "atomic")
+            decision = _Decision(Outcome.UNAVAILABLE, response)
         except Exception as exc:  # reported, then re-raised by handle()
             decision = _Decision(Outcome.NOT_STORED, None, error=exc)
         decision.key, decision.scope, decision.route = key, scope, route
@@ -476,7 +494,8 @@ class Engine:
                 "status_code": decision.response.status_code if decision.response else None,
             },
         )
-        _SIGNALS[decision.outcome].send(
+        # The decision is made (and maybe committed): a failing receiver must not undo the answer.
+        results = _SIGNALS[decision.outcome].send_robust(
             sender=sender,
             request=view_request,
             key=decision.key,
@@ -484,6 +503,9 @@ class Engine:
             route=decision.route,
             response=decision.response,
         )
+        for receiver, result in results:
+            if isinstance(result, Exception):
+                logger.error("idempotency signal receiver %r raised", receiver, exc_info=result)
 
 
 default_engine = Engine()

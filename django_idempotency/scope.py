@@ -17,7 +17,10 @@ def get_principal(request: Any) -> str:
     """Name the authenticated principal of ``request``, or apply the anonymous policy."""
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
-        return f"user:{user.pk}"
+        # The model names the principal too: two kinds of principal may share a pk.
+        meta = getattr(user, "_meta", None)
+        kind = meta.label_lower if meta is not None else type(user).__qualname__
+        return f"{kind}:{user.pk}"
     if idempotency_settings.ANONYMOUS == "reject":
         raise AnonymousRejected
     return "anonymous"

@@ -9,10 +9,10 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
-from django_idempotency import checks
+from django_idempotency import checks, conf
 from django_idempotency.checks import check_database, check_settings
 
-SOURCE = Path(checks.__file__).read_text()
+SOURCE = Path(checks.__file__).read_text() + Path(conf.__file__).read_text()
 
 
 def ids(messages):

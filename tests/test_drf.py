@@ -255,7 +255,7 @@ class TestScope:
         assert other_resource.status_code == 422
         row = IdempotencyKey.objects.get()
         assert row.route == "tenant/<str:tenant>/payments/"
-        assert row.scope == f"user:{client_alice.user.pk} POST tenant/<str:tenant>/payments/"
+        assert row.scope == f"auth.user:{client_alice.user.pk} POST tenant/<str:tenant>/payments/"
 
     def test_a_key_reused_on_another_object_is_a_mismatch(self, client_alice, key):
         first, second = Payment.objects.create(amount=10), Payment.objects.create(amount=20)

@@ -199,7 +199,7 @@ class TestSignalsAndLogs:
         assert sender.__name__ == "PaymentView"
         assert stored["key"] == key
         assert stored["route"] == "payments/"
-        assert stored["scope"] == f"user:{client_alice.user.pk} POST payments/"
+        assert stored["scope"] == f"auth.user:{client_alice.user.pk} POST payments/"
         assert stored["response"].status_code == 201
         assert stored["request"].user == client_alice.user
 
@@ -280,3 +280,26 @@ def test_a_scope_longer_than_its_column_is_stored_as_its_digest(key):
     row = IdempotencyKey.objects.get()
     assert row.scope.startswith("sha256:")
     assert len(row.route) == 512
+
+
+def test_a_failing_signal_receiver_does_not_undo_the_answer(client_alice, key, caplog):
+    def broken(**kwargs):
+        raise ValueError("receiver bug")
+
+    signals.key_stored.connect(broken, weak=False)
+    try:
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    finally:
+        signals.key_stored.disconnect(broken)
+    assert response.status_code == 201
+    assert response["Idempotency-Status"] == "stored"
+    assert "receiver bug" in caplog.text
+
+
+@override_settings(IDEMPOTENCY={"METHODS": "POST"})
+def test_a_bad_setting_raises_instead_of_switching_the_library_off(client_alice, key):
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['METHODS'\].*E005"):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    assert Payment.objects.count() == 0

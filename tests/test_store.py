@@ -261,3 +261,21 @@ def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
     assert lost.status_code == 503
     assert json.loads(lost.content)["code"] == "idempotency.unavailable"
     close_old_connections()
+
+
+def test_a_dead_connection_under_atomic_requests_answers_503(alice, key, monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    end_this_threads_session()
+    lost = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
+    assert lost.status_code == 503
+    close_old_connections()
+
+
+def test_the_503_promises_nothing_when_the_view_ran_unprotected(alice):
+    # No key on an optional-key view: the view ran on its own, its writes may be kept.
+    lost = ApiClient(alice).send(
+        "POST", "/optional/", {"amount": 5}, headers={"X-Fail": "disconnect"}
+    )
+    assert lost.status_code == 503
+    assert "nothing was kept" not in json.loads(lost.content)["detail"]
+    close_old_connections()
