@@ -1,6 +1,6 @@
 """System checks for the ``IDEMPOTENCY`` setting and the database.
 
-Ids are stable: never reuse one. Retired ids: none yet.
+Ids are stable: never reuse one. Retired: W001 (became E012 before any release).
 """
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.checks import Error, Tags, register
-from django.db import connections, router
+from django.core.checks import Error, Tags, Warning, register
+from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, VALIDATORS
 from django_idempotency.store import SUPPORTED_VENDORS
@@ -65,7 +65,8 @@ def check_database(
     from django_idempotency.models import IdempotencyKey  # noqa: PLC0415 - needs the app registry
 
     # The claim is one INSERT … ON CONFLICT … RETURNING: PostgreSQL, and SQLite from 3.35.
-    connection: Any = connections[router.db_for_write(IdempotencyKey)]
+    alias = router.db_for_write(IdempotencyKey)
+    connection: Any = connections[alias]
     if connection.vendor not in SUPPORTED_VENDORS:
         return [
             Error(
@@ -81,6 +82,16 @@ def check_database(
                 f"{connection.Database.sqlite_version}.",
                 hint="Use a Python built with a newer SQLite, or PostgreSQL.",
                 id="django_idempotency.E013",
+            )
+        ]
+    if alias != DEFAULT_DB_ALIAS:
+        return [
+            Warning(
+                f"Idempotency keys are stored in the {alias!r} database: in atomic mode only a "
+                f"view's writes to {alias!r} share the key's transaction.",
+                hint="Route IdempotencyKey to the database your idempotent views write to, or "
+                "give views that write elsewhere idempotency_mode = 'lease'.",
+                id="django_idempotency.W002",
             )
         ]
     return []

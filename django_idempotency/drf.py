@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
 from django_idempotency.engine import (
     DATABASE_UNAVAILABLE,
     Engine,
@@ -11,6 +12,7 @@ from django_idempotency.engine import (
     default_engine,
     unavailable_response,
 )
+from django_idempotency.fingerprint import buffer_body
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -85,6 +87,10 @@ class IdempotentMixin(_Base):
         return super().handle_exception(exc)
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        if request.method in UNSAFE_METHODS and idempotency_settings.HEADER in request.headers:
+            # Authentication or a permission may read request.data, which can stream the body
+            # away before the fingerprint is taken.
+            buffer_body(request._request)
         super().initial(request, *args, **kwargs)
         # Authentication, permissions and throttling have passed. APIView.dispatch looks the
         # handler up only now, so wrapping it on this (per-request) instance puts the engine

@@ -66,6 +66,21 @@ def _add_form(digest: _Digest, request: HttpRequest) -> None:
             upload.seek(0)
 
 
+def buffer_body(request: HttpRequest) -> None:
+    """Read the body the way the fingerprint needs it, before anything streams it away.
+
+    Small bodies are kept in memory (``request.body``), multipart ones parsed into
+    ``request.POST`` and ``request.FILES`` (files on disk): Django and DRF read either later.
+    """
+    if (request.content_type or "") != "multipart/form-data":
+        request.body  # noqa: B018 - caches the body
+    elif request.method != "POST" and not request._read_started:  # type: ignore[attr-defined]
+        # Django parses multipart only for POST. Parse this body the same way (files
+        # stream to disk) and leave the result where Django and DRF look for it.
+        post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]
+        request._post, request._files = post, files  # type: ignore[attr-defined]
+
+
 def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str] = ()) -> str:
     """SHA-256 of the method, route, path, query string, named headers and body of ``request``."""
     digest = _Digest()
@@ -79,12 +94,8 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
         digest.add(name)
         digest.add(request.headers.get(name, ""))
     content_type = request.content_type or ""
+    buffer_body(request)
     if content_type == "multipart/form-data":
-        if request.method != "POST" and not request._read_started:  # type: ignore[attr-defined]
-            # Django parses multipart only for POST. Parse this body the same way (files
-            # stream to disk) and leave the result where Django and DRF look for it.
-            post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]
-            request._post, request._files = post, files  # type: ignore[attr-defined]
         digest.add(b"multipart")
         _add_form(digest, request)
     else:

@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import connections, models, router
+from django.db import OperationalError, connections, models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -53,7 +53,6 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         longest_batch = 0.0
         complete = True
         if bounds["low"] is not None:
-            statement = _purge_statement(connection)
             prepared_now = self.model._meta.get_field("expires_at").get_db_prep_value(
                 now, connection
             )
@@ -61,11 +60,8 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     complete = False
                     break
-                # Outside any transaction, each statement commits on its own.
                 batch_started = time.monotonic()
-                with connection.cursor() as cursor:
-                    cursor.execute(statement, [low, low + batch_size, prepared_now])
-                    deleted += cursor.rowcount
+                deleted += _delete_batch(connection, [low, low + batch_size, prepared_now])
                 longest_batch = max(longest_batch, time.monotonic() - batch_started)
                 batches += 1
                 if pause:
@@ -130,15 +126,41 @@ def _sweep_statement(connection: BaseDatabaseWrapper) -> str:
     )
 
 
-def _purge_statement(connection: BaseDatabaseWrapper) -> str:
-    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
-    # Python as soon as a project connects a post_delete receiver to this model. A range of
-    # the primary key is the cheapest batch to find; a row that another purge, or a request
-    # taking over that very key, holds is waited for briefly, in key order, so two purges
-    # never deadlock and the row is skipped once it no longer matches.
+# How long a purge batch waits for a row that a request holds (taking that expired key over)
+# before it leaves the locked rows of that batch for the next run.
+PURGE_LOCK_TIMEOUT = "100ms"
+
+
+def _delete_batch(connection: BaseDatabaseWrapper, params: list[Any]) -> int:
+    """Delete one range's expired rows in a transaction of its own; return how many."""
     table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
     pk, expires = _quoted_column(connection, "id"), _quoted_column(connection, "expires_at")
-    return f"DELETE FROM {table} WHERE {pk} >= %s AND {pk} < %s AND {expires} <= %s"  # noqa: S608
+    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
+    # Python as soon as a project connects a post_delete receiver to this model.
+    where = f"{pk} >= %s AND {pk} < %s AND {expires} <= %s"
+    delete = f"DELETE FROM {table} WHERE {where}"  # noqa: S608
+    if connection.vendor != "postgresql":
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(delete, params)
+            return int(cursor.rowcount)
+    # A plain range delete is the fastest. A row it finds locked belongs to a request taking
+    # that key over, which may hold it for the whole view: wait a moment, then skip the
+    # locked rows of this range instead, so that no batch holds its locks for long.
+    try:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [PURGE_LOCK_TIMEOUT])
+            cursor.execute(delete, params)
+            return int(cursor.rowcount)
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
+            raise
+    skip_locked = (
+        f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "  # noqa: S608
+        f"WHERE {where} FOR UPDATE SKIP LOCKED)"
+    )
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute(skip_locked, params)
+        return int(cursor.rowcount)
 
 
 class IdempotencyKey(models.Model):

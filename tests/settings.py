@@ -61,6 +61,9 @@ else:
         }
     }
 
+# An alias for the routing checks; in tests it mirrors the default database.
+DATABASES["other"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.BasicAuthentication",

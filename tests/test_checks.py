@@ -93,3 +93,10 @@ def test_an_old_sqlite_is_an_error(monkeypatch):
     monkeypatch.setattr(connection.Database, "sqlite_version_info", (3, 31, 1), raising=False)
     monkeypatch.setattr(connection.Database, "sqlite_version", "3.31.1", raising=False)
     assert ids(check_database()) == ["django_idempotency.E013"]
+
+
+def test_keys_in_another_database_than_the_views_are_warned_about(monkeypatch):
+    from django.db import router  # noqa: PLC0415
+
+    monkeypatch.setattr(router, "db_for_write", lambda model, **hints: "other")
+    assert ids(check_database()) == ["django_idempotency.W002"]

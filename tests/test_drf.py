@@ -402,3 +402,14 @@ def test_the_decorator_refuses_a_drf_view():
 
     with pytest.raises(ImproperlyConfigured, match="IdempotentMixin"):
         idempotent(PaymentView.as_view())
+
+
+def test_a_permission_that_reads_the_body_first_does_not_break_the_fingerprint(client_alice, key):
+    first = client_alice.send("POST", "/text-note/", "hello", key=key, content_type="text/plain")
+    again = client_alice.send("POST", "/text-note/", "hello", key=key, content_type="text/plain")
+    other = client_alice.send("POST", "/text-note/", "bye", key=key, content_type="text/plain")
+    assert first.status_code == 201
+    assert json.loads(first.content) == {"note": "hello"}
+    assert again["Idempotency-Status"] == "replayed"
+    assert other.status_code == 422
+    assert Payment.objects.count() == 1

@@ -8,7 +8,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.signals import post_delete
 from django.utils import timezone
 
@@ -169,3 +169,34 @@ class TestPurgeOnPostgreSQL:
             )
             plan = "\n".join(row[0] for row in cursor.fetchall())
         assert "django_idempotency_idempotencykey_pkey" in plan, plan
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_does_not_wait_for_a_request_holding_an_expired_key():
+    make_keys(40)
+    held = IdempotencyKey.objects.filter(expires_at__lte=NOW).order_by("pk").first()
+    locked, release = threading.Event(), threading.Event()
+
+    def hold():
+        # As a request taking that expired key over would: the row stays locked meanwhile.
+        try:
+            with transaction.atomic():
+                IdempotencyKey.objects.select_for_update().get(pk=held.pk)
+                locked.set()
+                release.wait(timeout=30)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert locked.wait(timeout=10)
+        result = IdempotencyKey.objects.purge_expired(batch_size=10)
+        assert holder.is_alive(), "the purge waited for the holder to finish"
+    finally:
+        release.set()
+        holder.join(timeout=30)
+
+    assert result.deleted == 19  # every expired key but the held one
+    assert IdempotencyKey.objects.purge_expired(batch_size=10).deleted == 1

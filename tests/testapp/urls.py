@@ -31,6 +31,7 @@ urlpatterns = [
     path("misconfigured/", views.MisconfiguredPaymentView.as_view()),
     path("twice/", views.twice),
     path("lease/", views.LeasePaymentView.as_view()),
+    path("text-note/", views.TextNoteView.as_view()),
     path("lease-recovering/", views.RecoveringLeasePaymentView.as_view()),
     path("api/", include(router.urls)),
 ]

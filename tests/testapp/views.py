@@ -13,7 +13,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
-from rest_framework.permissions import AllowAny
+from rest_framework.parsers import BaseParser
+from rest_framework.permissions import AllowAny, BasePermission, IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
@@ -231,3 +232,26 @@ class RecoveringLeasePaymentView(LeasePaymentView):
         self.recovered.append((key, attempt))
         payment = Payment.objects.filter(reference=key).first()
         return Response({"id": payment.pk}, status=201) if payment else None
+
+
+class PlainTextParser(BaseParser):
+    """Streams the body, as many parsers do, so the body cannot be read again afterwards."""
+
+    media_type = "text/plain"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return stream.read().decode()
+
+
+class ReadsDataFirst(BasePermission):
+    def has_permission(self, request, view):
+        return request.data is not None
+
+
+class TextNoteView(IdempotentMixin, APIView):
+    parser_classes = [PlainTextParser]
+    permission_classes = [IsAuthenticated, ReadsDataFirst]
+
+    def post(self, request):
+        Payment.objects.create(amount=len(request.data))
+        return Response({"note": request.data}, status=201)
