@@ -144,12 +144,16 @@ def _delete_batch(connection: BaseDatabaseWrapper, params: list[Any]) -> int:
             cursor.execute(delete, params)
             return int(cursor.rowcount)
     # A plain range delete is the fastest. A row it finds locked belongs to a request taking
-    # that key over, which may hold it for the whole view: wait a moment, then skip the
-    # locked rows of this range instead, so that no batch holds its locks for long.
+    # that key over, which may hold it for the whole view: wait a moment (the CTE bounds the
+    # wait before any row is locked), then skip the locked rows of this range instead, so
+    # that no batch holds its locks for long.
+    bounded = (
+        "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
+        f"DELETE FROM {table} WHERE {where} AND EXISTS (SELECT FROM bounded)"
+    )
     try:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute("SELECT set_config('lock_timeout', %s, true)", [PURGE_LOCK_TIMEOUT])
-            cursor.execute(delete, params)
+            cursor.execute(bounded, [PURGE_LOCK_TIMEOUT, *params])
             return int(cursor.rowcount)
     except OperationalError as exc:
         if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
