@@ -97,7 +97,8 @@ class IdempotentMixin(_Base):
         # around the handler and nothing else.
         name = (request.method or "").lower()
         handler = getattr(self, name, None)
-        if handler is not None and name in self.http_method_names:
+        # Safe methods are never idempotent by key: leave them untouched, and cost nothing.
+        if request.method in UNSAFE_METHODS and handler is not None:
             setattr(self, name, self._idempotent_handler(handler))
 
     def _idempotent_handler(

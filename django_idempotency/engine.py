@@ -473,7 +473,7 @@ class Engine:
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
 
-    def _report(self, decision: _Decision, sender: Any, view_request: Any, started: float) -> None:
+    def _log(self, decision: _Decision, started: float) -> None:
         duration_ms = round((time.perf_counter() - started) * 1000, 3)
         scope_hash = (
             hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
@@ -494,6 +494,10 @@ class Engine:
                 "status_code": decision.response.status_code if decision.response else None,
             },
         )
+
+    def _report(self, decision: _Decision, sender: Any, view_request: Any, started: float) -> None:
+        if logger.isEnabledFor(logging.INFO):
+            self._log(decision, started)
         # The decision is made (and maybe committed): a failing receiver must not undo the answer.
         results = _SIGNALS[decision.outcome].send_robust(
             sender=sender,

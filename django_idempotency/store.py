@@ -112,7 +112,9 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
     if vendor == "postgresql":
         # One round trip: the CTE sets a transaction-local lock_timeout before the insert can
         # wait on a duplicate's uncommitted row, and RETURNING puts the previous value back
-        # once the claim is won, so the view's own queries are not bounded by it.
+        # once the claim is won, so the view's own queries are not bounded by it. A claim that
+        # loses (a replay, a mismatch) runs no view and its transaction ends at once; only an
+        # enclosing ATOMIC_REQUESTS transaction keeps the bound until the request ends.
         claim = (
             "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
             "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "

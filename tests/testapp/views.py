@@ -62,6 +62,8 @@ class PaymentView(IdempotentMixin, APIView):
         response["Location"] = f"/payments/{payment.pk}/"
         response["ETag"] = f'"payment-{payment.pk}"'
         response.set_cookie("flavour", "chocolate")
+        response["Set-Cookie"] = "session=first-response-only"  # a raw header, never replayed
+        response["X-Request-Trace"] = "view-set"
         return response
 
     def get(self, request):
