@@ -4,7 +4,8 @@ Every signal is sent with ``sender`` set to the view's class (or function) and t
 arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or invalid),
 ``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response returned,
 or ``None`` when the view raised).
-Receivers run in the request; keep them fast and never let them raise.
+Receivers run in the request, so keep them fast; they are called with ``send_robust()``, and
+an exception in one is logged, never turned into an error for the client.
 """
 
 from __future__ import annotations
