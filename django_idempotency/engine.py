@@ -194,6 +194,37 @@ def _fit_scope(scope: str) -> str:
     return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class _Keyed:
+    """A request with a valid key, once its scope and fingerprint are known."""
+
+    request: HttpRequest
+    view: Callable[[], HttpResponseBase]
+    policy: Policy
+    view_request: Any
+    key: str
+    scope: str
+    route: str
+    fingerprint: str
+
+    def claim(self, store: KeyStore, now: datetime) -> Claim | None:
+        lease = self.policy.mode == "lease"
+        return store.claim(
+            scope=self.scope,
+            key=self.key,
+            method=self.request.method or "",
+            route=self.route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
+            fingerprint=self.fingerprint,
+            now=now,
+            expires_at=now + self.policy.ttl,
+            wait_timeout=self.policy.wait_timeout,
+            locked_until=now + self.policy.lease_timeout if lease else None,
+        )
+
+    def replay(self, store: KeyStore, now: datetime) -> StoredResponse | Conflict:
+        return store.replay(scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now)
+
+
 def route_of(request: HttpRequest) -> str:
     """The URL pattern that matched ``request``, or its path if it was not resolved."""
     match = request.resolver_match
@@ -311,18 +342,10 @@ class Engine:
             response = unavailable_response(rolled_back=True)
             return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
+        keyed = _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
         execute = self._execute_lease if policy.mode == "lease" else self._execute
         try:
-            decision = execute(
-                request,
-                view,
-                policy,
-                view_request,
-                key=key,
-                scope=scope,
-                route=route,
-                fingerprint=fingerprint,
-            )
+            decision = execute(keyed)
         except KeyBusy:
             detail = "A request with this key is still being processed; retry later."
             response = problems.problem_response(problems.IN_PROGRESS, detail)
@@ -337,34 +360,15 @@ class Engine:
         decision.key, decision.scope, decision.route = key, scope, route
         return decision
 
-    def _execute(
-        self,
-        request: HttpRequest,
-        view: Callable[[], HttpResponseBase],
-        policy: Policy,
-        view_request: Any,
-        *,
-        key: str,
-        scope: str,
-        route: str,
-        fingerprint: str,
-    ) -> _Decision:
+    def _execute(self, keyed: _Keyed) -> _Decision:
         """Atomic mode: claim, run and complete in one transaction with the view's writes."""
+        policy = keyed.policy
         store = KeyStore(router.db_for_write(IdempotencyKey))
         now = self.clock()
         with transaction.atomic(using=store.using):
-            claim = store.claim(
-                scope=scope,
-                key=key,
-                method=request.method or "",
-                route=route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
-                fingerprint=fingerprint,
-                now=now,
-                expires_at=now + policy.ttl,
-                wait_timeout=policy.wait_timeout,
-            )
+            claim = keyed.claim(store, now)
             if claim is None:
-                found = store.replay(scope=scope, key=key, fingerprint=fingerprint, now=now)
+                found = keyed.replay(store, now)
                 if isinstance(found, Conflict) and found.fingerprint_matches:
                     raise KeyBusy
                 return _answer_from(found)
@@ -376,7 +380,7 @@ class Engine:
                 transaction.get_connection(store.using).settings_dict.get("ATOMIC_REQUESTS")
             )
             with transaction.atomic(using=store.using, savepoint=atomic_requests):
-                response = view()
+                response = keyed.view()
             if not policy.stores(response.status_code) or transaction.get_rollback(store.using):
                 # Keep nothing, so that a retry runs on a clean slate.
                 transaction.set_rollback(True, using=store.using)
@@ -390,24 +394,14 @@ class Engine:
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response)
 
-    def _execute_lease(
-        self,
-        request: HttpRequest,
-        view: Callable[[], HttpResponseBase],
-        policy: Policy,
-        view_request: Any,
-        *,
-        key: str,
-        scope: str,
-        route: str,
-        fingerprint: str,
-    ) -> _Decision:
+    def _execute_lease(self, keyed: _Keyed) -> _Decision:
         """Lease mode: commit the claim first, run the view under the lease, then store.
 
         For views whose effect leaves the database (a card charge): a duplicate sees the
         committed claim and waits for the result, and a request that dies leaves a lease that
         runs out, after which the next request with the key takes it over.
         """
+        policy = keyed.policy
         store = KeyStore(router.db_for_write(IdempotencyKey))
         if transaction.get_connection(store.using).in_atomic_block:
             msg = (
@@ -420,22 +414,8 @@ class Engine:
         while True:
             now = self.clock()
             with transaction.atomic(using=store.using):
-                claim = store.claim(
-                    scope=scope,
-                    key=key,
-                    method=request.method or "",
-                    route=route[:ROUTE_LENGTH],
-                    fingerprint=fingerprint,
-                    now=now,
-                    expires_at=now + policy.ttl,
-                    wait_timeout=policy.wait_timeout,
-                    locked_until=now + policy.lease_timeout,
-                )
-                found = (
-                    None
-                    if claim
-                    else store.replay(scope=scope, key=key, fingerprint=fingerprint, now=now)
-                )
+                claim = keyed.claim(store, now)
+                found = None if claim else keyed.replay(store, now)
             if claim is not None:
                 break
             assert found is not None  # noqa: S101 - for the type checker
@@ -451,10 +431,10 @@ class Engine:
         response = None
         if claim.attempts > 1 and policy.recover is not None:
             # An earlier request with this key did not finish: its effect may have happened.
-            response = policy.recover(view_request, key=key, attempt=claim.attempts)
+            response = policy.recover(keyed.view_request, key=keyed.key, attempt=claim.attempts)
         if response is None:
             try:
-                response = view()
+                response = keyed.view()
             except Exception:
                 _release(store, claim)
                 raise
@@ -468,7 +448,7 @@ class Engine:
         if not stored:
             # Our lease ran out and another request took the key over: it stores its own
             # answer, and this one, already given to its client, is not kept.
-            logger.error("the lease on idempotency key %s was taken over; not stored", key)
+            logger.error("the lease on idempotency key %s was taken over; not stored", keyed.key)
             return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
