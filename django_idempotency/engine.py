@@ -389,8 +389,8 @@ class Engine:
             stored = store.complete(
                 claim, status=response.status_code, headers=headers, body=body, now=self.clock()
             )
-            if not stored:
-                raise KeyBusy
+            if not stored:  # pragma: no cover - the row is locked by this transaction
+                raise KeyBusy  # never commit an effect whose key could not be stored
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response)
 

@@ -110,3 +110,26 @@ def test_a_user_who_may_only_view_sees_no_actions(client, stored):
     assert response.context["action_form"] is None or not [
         name for name, _ in response.context["action_form"].fields["action"].choices if name
     ]
+
+
+def test_keys_without_a_response_or_with_text_or_broken_json(admin_client, stored):
+    pending = IdempotencyKey.objects.get(key="live-key")
+    pending.pk, pending.key = None, "pending-key"
+    pending.response_headers, pending.response_body = None, None
+    pending.save()
+    text = IdempotencyKey.objects.get(key="live-key")
+    text.pk, text.key = None, "text-key"
+    text.response_headers, text.response_body = [["Content-Type", "text/plain"]], b"plain <b>"
+    text.save()
+    broken = IdempotencyKey.objects.get(key="live-key")
+    broken.pk, broken.key = None, "broken-key"
+    broken.response_body = b"{not json"
+    broken.save()
+
+    def page(key):
+        pk = IdempotencyKey.objects.get(key=key).pk
+        return admin_client.get(f"{CHANGELIST}{pk}/change/").content.decode()
+
+    assert page("pending-key").count("—") >= 2
+    assert "plain &lt;b&gt;" in page("text-key")
+    assert "application/json (9 bytes)" in page("broken-key")

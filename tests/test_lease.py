@@ -210,3 +210,76 @@ class TestLeaseConcurrency:
         assert sum(swept) == 10_000
         assert IdempotencyKey.objects.filter(state="failed", lease_version=2).count() == 10_000
         assert not IdempotencyKey.objects.filter(locked_until__isnull=False).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLeaseEdges:
+    def post(self, view, engine=None, key="k"):
+        from django.http import HttpResponse  # noqa: PLC0415
+        from django.test import RequestFactory  # noqa: PLC0415
+
+        from django_idempotency.engine import Engine, Policy  # noqa: PLC0415
+
+        request = RequestFactory().post("/lease-direct/", b"{}", content_type="application/json")
+        request.META["HTTP_IDEMPOTENCY_KEY"] = key
+        policy = Policy.from_settings(mode="lease", lease_timeout=1)
+        return (engine or Engine()).handle(
+            request, lambda: view() or HttpResponse(status=201), policy=policy, sender=None
+        )
+
+    def test_a_response_whose_lease_was_taken_over_meanwhile_is_not_stored(self, caplog):
+        # While the first view runs, a request whose clock is past the first one's lease takes
+        # the key over and stores its answer; the first one's late completion is fenced off.
+        from django.http import HttpResponse  # noqa: PLC0415
+
+        from django_idempotency.engine import Engine  # noqa: PLC0415
+
+        late = Engine(clock=lambda: timezone.now() + timedelta(seconds=5))
+
+        def view_taken_over():
+            second = self.post(lambda: None, engine=late)
+            assert second["Idempotency-Status"] == "stored"
+            return HttpResponse("first", status=201)
+
+        first = self.post(view_taken_over)
+        assert first.status_code == 201
+        assert "Idempotency-Status" not in first
+        assert "taken over" in caplog.text
+        row = IdempotencyKey.objects.get()
+        assert (row.lease_version, row.attempts, bytes(row.response_body)) == (2, 2, b"")
+
+    def test_a_key_that_cannot_be_released_is_left_to_its_lease(self, caplog, monkeypatch):
+        from django.db import OperationalError  # noqa: PLC0415
+
+        def broken_fail(self, claim):
+            raise OperationalError("connection lost")
+
+        monkeypatch.setattr(KeyStore, "fail", broken_fail)
+
+        def failing_view():
+            raise RuntimeError("boom")
+
+        with pytest.raises(RuntimeError, match="boom"):
+            self.post(failing_view)
+        assert "its lease will run out" in caplog.text
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.IN_PROGRESS
+
+
+@pytest.mark.django_db
+def test_the_sweep_command_and_task():
+    from io import StringIO  # noqa: PLC0415
+
+    from django.core.management import call_command  # noqa: PLC0415
+
+    from django_idempotency.tasks import sweep_expired_leases  # noqa: PLC0415
+
+    store = KeyStore("default")
+    past = timezone.now() - timedelta(minutes=5)
+    for key in ("a", "b", "c"):
+        claim(store, key, past)
+    out = StringIO()
+    call_command("idempotency_sweep", stdout=out)
+    assert out.getvalue().strip() == "Swept 3 expired leases."
+    assert set(IdempotencyKey.objects.values_list("state", "lease_version")) == {("failed", 2)}
+    claim(store, "d", past)
+    assert sweep_expired_leases.apply().get() == 1
