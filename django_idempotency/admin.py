@@ -6,6 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
+from django.db.models import F
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
@@ -42,6 +43,24 @@ class ExpiredFilter(admin.SimpleListFilter):
         return queryset
 
 
+class StuckLeaseFilter(admin.SimpleListFilter):
+    title = _("lease")
+    parameter_name = "lease"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("held", _("Held")), ("expired", _("Expired (stuck)"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> QuerySet[IdempotencyKey]:
+        # Only leased, unfinished keys carry locked_until: both use the lease index.
+        if self.value() == "held":
+            return queryset.filter(locked_until__gt=timezone.now())
+        if self.value() == "expired":
+            return queryset.filter(locked_until__lte=timezone.now())
+        return queryset
+
+
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ModelAdmin):
     # The scope names the principal as well as the method and route: one key may serve several.
@@ -54,7 +73,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         "expires_at",
         "replay_count",
     ]
-    list_filter = ["state", ExpiredFilter, "method"]
+    list_filter = ["state", ExpiredFilter, StuckLeaseFilter, "method"]
     # Exact matches only: a key is an opaque token, and a LIKE scan would read the whole table.
     search_fields = ["=key"]
     search_help_text = _("The exact Idempotency-Key.")
@@ -62,7 +81,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     # A count of a large, busy table is a full scan; the pager does without it.
     show_full_result_count = False
     list_per_page = 50
-    actions = ["delete_expired"]
+    actions = ["release_expired_leases", "delete_expired"]
     fieldsets = [
         (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
         (
@@ -129,6 +148,32 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         if len(body) <= SHOWN_BODY_BYTES and content_type.startswith("text/"):
             return format_html("<pre>{}</pre>", body.decode(errors="replace"))
         return format_html("{} ({} bytes)", content_type or _("no content type"), f"{len(body):,}")
+
+    def has_release_permission(self, request: HttpRequest) -> bool:
+        # The model's change permission: the pages stay read-only, the lease can be released.
+        return bool(request.user.has_perm("django_idempotency.change_idempotencykey"))
+
+    @admin.action(description=_("Release the selected expired leases"), permissions=["release"])
+    def release_expired_leases(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> None:
+        # What the sweeper does: fail the key and raise its lease version, so that a retry
+        # runs it again (asking the view's recovery hook) and the lost worker cannot store.
+        stuck = list(queryset.filter(locked_until__lte=timezone.now()))
+        count = IdempotencyKey.objects.filter(
+            pk__in=[key.pk for key in stuck], locked_until__lte=timezone.now()
+        ).update(
+            state=IdempotencyKey.State.FAILED,
+            locked_until=None,
+            lease_version=F("lease_version") + 1,
+        )
+        for key in stuck:
+            self.log_change(request, key, "Released its expired lease.")
+        self.message_user(
+            request,
+            _("Released %(count)d expired leases; live ones were kept.") % {"count": count},
+            messages.SUCCESS,
+        )
 
     @admin.action(
         description=_("Delete the selected keys that have expired"), permissions=["delete"]

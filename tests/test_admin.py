@@ -133,3 +133,29 @@ def test_keys_without_a_response_or_with_text_or_broken_json(admin_client, store
     assert page("pending-key").count("—") >= 2
     assert "plain &lt;b&gt;" in page("text-key")
     assert "application/json (9 bytes)" in page("broken-key")
+
+
+def test_stuck_leases_are_found_and_released(admin_client, stored):
+    stuck = IdempotencyKey.objects.get(key="live-key")
+    stuck.pk, stuck.key, stuck.state = None, "stuck-key", IdempotencyKey.State.IN_PROGRESS
+    stuck.locked_until = timezone.now() - timedelta(minutes=1)
+    stuck.save()
+    held = IdempotencyKey.objects.get(key="stuck-key")
+    held.pk, held.key = None, "held-key"
+    held.locked_until = timezone.now() + timedelta(minutes=1)
+    held.save()
+
+    found = admin_client.get(CHANGELIST, {"lease": "expired"}).context["cl"].result_list
+    assert [key.key for key in found] == ["stuck-key"]
+    both = list(
+        IdempotencyKey.objects.filter(key__in=["stuck-key", "held-key"]).values_list(
+            "pk", flat=True
+        )
+    )
+    response = admin_client.post(
+        CHANGELIST, {"action": "release_expired_leases", "_selected_action": both}, follow=True
+    )
+    assert "Released 1 expired leases" in response.content.decode()
+    released = IdempotencyKey.objects.get(key="stuck-key")
+    assert (released.state, released.locked_until, released.lease_version) == ("failed", None, 2)
+    assert IdempotencyKey.objects.get(key="held-key").state == IdempotencyKey.State.IN_PROGRESS
