@@ -97,3 +97,26 @@ class LedgerEntry(models.Model):
     def __str__(self) -> str:
         kind = self.get_kind_display()
         return f"{kind} {self.amount:+d} {self.currency} (payment {self.payment_id})"
+
+
+class ProviderCharge(models.Model):
+    """The card provider's own record of a charge: its side, not ours.
+
+    A real provider keeps these on its servers; the example keeps them in its database because
+    it has no other server. Like Stripe, the provider honours an idempotency key: charging twice
+    with one key returns the first charge.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    idempotency_key = models.CharField(_("idempotency key"), max_length=300, unique=True)
+    reference = models.CharField(_("reference"), max_length=64, unique=True)
+    amount = models.PositiveBigIntegerField(_("amount"))
+    currency = models.CharField(_("currency"), max_length=3)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("provider charge")
+        verbose_name_plural = _("provider charges")
+
+    def __str__(self) -> str:
+        return f"{self.reference}: {self.amount} {self.currency}"

@@ -17,3 +17,33 @@ def authorize(amount: int, currency: str) -> str:
     """
     time.sleep(LATENCY)
     return f"auth_{uuid.uuid4().hex[:16]}"
+
+
+def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
+    """Charge a card at the provider; the same key returns the first charge's reference.
+
+    Its effect is outside our transaction: it commits at once, whatever happens to ours.
+    """
+    from payments.models import ProviderCharge  # noqa: PLC0415 - models load after settings
+
+    time.sleep(LATENCY)
+    record, _created = ProviderCharge.objects.get_or_create(
+        idempotency_key=idempotency_key,
+        defaults={
+            "reference": f"ch_{uuid.uuid4().hex[:16]}",
+            "amount": amount,
+            "currency": currency,
+        },
+    )
+    return record.reference
+
+
+def find_charge(idempotency_key: str) -> str | None:
+    """The reference of the charge made with this key, if the provider has one."""
+    from payments.models import ProviderCharge  # noqa: PLC0415
+
+    return (
+        ProviderCharge.objects.filter(idempotency_key=idempotency_key)
+        .values_list("reference", flat=True)
+        .first()
+    )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rest_framework import generics
+from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
 
 from django_idempotency.drf import IdempotentMixin
 from payments import provider
@@ -19,6 +20,7 @@ from payments.serializers import PaymentSerializer, RefundSerializer
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
+    from rest_framework.request import Request
 
 
 class PaymentList(IdempotentMixin, generics.ListCreateAPIView):
@@ -89,3 +91,51 @@ class RefundDetail(generics.RetrieveAPIView):
 
     def get_queryset(self) -> QuerySet[Refund]:
         return Refund.objects.filter(payment__owner=self.request.user).select_related("payment")
+
+
+class ChargeCard(IdempotentMixin, generics.CreateAPIView):
+    """Charge a card at the provider: an effect outside our database, so in lease mode.
+
+    The key is committed before the provider is called, and the provider gets a key derived
+    from ours. If a request dies after the provider took the money, the retry's recovery hook
+    finds that charge and records it instead of charging the card again.
+    """
+
+    serializer_class = PaymentSerializer
+    idempotency_mode = "lease"
+
+    def provider_key(self) -> str:
+        return f"example:{self.request.user.pk}:{self.request.headers['Idempotency-Key']}"
+
+    def perform_create(self, serializer: PaymentSerializer) -> None:
+        data = serializer.validated_data
+        reference = provider.charge(
+            data["amount"], data["currency"], idempotency_key=self.provider_key()
+        )
+        if self.request.headers.get("X-Demo-Crash"):
+            # The demo's stand-in for a worker that dies right after the provider charged.
+            msg = "the worker died after the charge"
+            raise RuntimeError(msg)
+        self.record(serializer, reference)
+
+    def record(self, serializer: PaymentSerializer, reference: str) -> Payment:
+        payment = serializer.save(owner=self.request.user, provider_reference=reference)
+        LedgerEntry.objects.create(
+            payment=payment,
+            kind=LedgerEntry.Kind.CHARGE,
+            amount=payment.amount,
+            currency=payment.currency,
+        )
+        return payment
+
+    def recover_idempotent_request(
+        self, request: Request, *, key: str, attempt: int
+    ) -> Response | None:
+        reference = provider.find_charge(self.provider_key())
+        if reference is None:
+            return None  # the provider never charged: run the view again
+        serializer = self.get_serializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        payment = Payment.objects.filter(provider_reference=reference).first()
+        payment = payment or self.record(serializer, reference)
+        return Response(self.get_serializer(payment).data, status=status.HTTP_201_CREATED)

@@ -25,7 +25,7 @@ from django.db import connection, models
 from django.db.models import Max
 from django.test import Client
 
-from payments.models import LedgerEntry, Payment, Refund
+from payments.models import LedgerEntry, Payment, ProviderCharge, Refund
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 PASSWORD = "password"
 PAYMENTS = "/api/payments/"
 REFUNDS = "/api/refunds/"
+CHARGES = "/api/charges/"
 CONCURRENT_REQUESTS = 8
 # Column widths of the table: story, what was sent, what came back, effect in the database.
 WIDTHS = (22, 38, 38, 17)
@@ -86,10 +87,19 @@ class Api:
 
     def __init__(self, username: str) -> None:
         token = base64.b64encode(f"{username}:{PASSWORD}".encode()).decode()
-        self.client = Client(headers={"Authorization": f"Basic {token}"})
+        # A view that raises answers 500 here, as it would to a real client.
+        self.client = Client(
+            headers={"Authorization": f"Basic {token}"}, raise_request_exception=False
+        )
 
-    def post(self, path: str, data: dict[str, Any], key: str | None) -> Answer:
-        headers = {"Idempotency-Key": key} if key else {}
+    def post(
+        self,
+        path: str,
+        data: dict[str, Any],
+        key: str | None,
+        headers: dict[str, str] | None = None,
+    ) -> Answer:
+        headers = {**(headers or {}), **({"Idempotency-Key": key} if key else {})}
         response = self.client.post(path, data, content_type="application/json", headers=headers)
         return Answer.of(response)
 
@@ -322,6 +332,29 @@ def missing_key() -> Story:
     return story
 
 
+def crash_after_charge() -> Story:
+    story, marks, alice, key = Story("h. crash mid-charge"), Marks.now(), Api("alice"), new_key()
+    data = payment_data(4200, "card charge")
+    charges = ProviderCharge.objects.count()
+    with quiet("django.request", level=logging.CRITICAL):  # the 500's traceback is expected
+        crashed = alice.post(CHARGES, data, key, headers={"X-Demo-Crash": "yes"})
+    story.exchange(
+        f"POST charge 4200 eur, {short(key)}", f"{crashed.status}: died after the charge"
+    )
+    retry = alice.post(CHARGES, data, key)
+    story.exchange("retry: the same POST, same key", f"{retry.describe()} (recovered)")
+    again = alice.post(CHARGES, data, key)
+    story.exchange("the same POST once more", again.describe())
+    new_charges = ProviderCharge.objects.count() - charges
+    story.effect = [f"+{new_charges} card charge", *marks.effect()]
+    story.expect(crashed.status == 500, "the crash did not answer 500")
+    story.expect(retry.idempotency_status == "stored", "the retry was not stored")
+    story.expect(again.idempotency_status == "replayed", "the last POST was not replayed")
+    story.expect(new_charges == 1, "the card was not charged exactly once")
+    story.expect(len(marks.new_payments()) == 1, "not exactly one payment")
+    return story
+
+
 STORIES: list[Callable[[], Story]] = [
     double_click,
     lost_response,
@@ -330,21 +363,22 @@ STORIES: list[Callable[[], Story]] = [
     refund_replayed,
     two_users,
     missing_key,
+    crash_after_charge,
 ]
 
 
 @contextmanager
-def quiet(*names: str) -> Iterator[None]:
-    """Silence loggers below ERROR: the 4xx answers are the point of the stories."""
+def quiet(*names: str, level: int = logging.ERROR) -> Iterator[None]:
+    """Silence loggers below ``level``: the 4xx answers are the point of the stories."""
     loggers = [logging.getLogger(name) for name in names]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
-        logger.setLevel(logging.ERROR)
+        logger.setLevel(level)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels, strict=True):
-            logger.setLevel(level)
+        for logger, previous in zip(loggers, levels, strict=True):
+            logger.setLevel(previous)
 
 
 class Command(BaseCommand):
