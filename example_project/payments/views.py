@@ -7,7 +7,7 @@ ledger entry commit together with the stored response, or not at all.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
@@ -23,6 +23,18 @@ if TYPE_CHECKING:
     from rest_framework.request import Request
 
 
+def record_payment(serializer: PaymentSerializer, owner: Any, reference: str) -> Payment:
+    """Save the payment and its ledger entry."""
+    payment = serializer.save(owner=owner, provider_reference=reference)
+    LedgerEntry.objects.create(
+        payment=payment,
+        kind=LedgerEntry.Kind.CHARGE,
+        amount=payment.amount,
+        currency=payment.currency,
+    )
+    return payment
+
+
 class PaymentList(IdempotentMixin, generics.ListCreateAPIView):
     """List your payments, or take one: ``POST`` with an ``Idempotency-Key`` header."""
 
@@ -34,13 +46,7 @@ class PaymentList(IdempotentMixin, generics.ListCreateAPIView):
     def perform_create(self, serializer: PaymentSerializer) -> None:
         data = serializer.validated_data
         reference = provider.authorize(data["amount"], data["currency"])
-        payment = serializer.save(owner=self.request.user, provider_reference=reference)
-        LedgerEntry.objects.create(
-            payment=payment,
-            kind=LedgerEntry.Kind.CHARGE,
-            amount=payment.amount,
-            currency=payment.currency,
-        )
+        record_payment(serializer, self.request.user, reference)
 
 
 class PaymentDetail(generics.RetrieveAPIView):
@@ -116,17 +122,7 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
             # The demo's stand-in for a worker that dies right after the provider charged.
             msg = "the worker died after the charge"
             raise RuntimeError(msg)
-        self.record(serializer, reference)
-
-    def record(self, serializer: PaymentSerializer, reference: str) -> Payment:
-        payment = serializer.save(owner=self.request.user, provider_reference=reference)
-        LedgerEntry.objects.create(
-            payment=payment,
-            kind=LedgerEntry.Kind.CHARGE,
-            amount=payment.amount,
-            currency=payment.currency,
-        )
-        return payment
+        record_payment(serializer, self.request.user, reference)
 
     def recover_idempotent_request(
         self, request: Request, *, key: str, attempt: int
@@ -137,5 +133,5 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         payment = Payment.objects.filter(provider_reference=reference).first()
-        payment = payment or self.record(serializer, reference)
+        payment = payment or record_payment(serializer, request.user, reference)
         return Response(self.get_serializer(payment).data, status=status.HTTP_201_CREATED)
