@@ -43,6 +43,8 @@ DEFAULTS: dict[str, Any] = {
     "MODE": "atomic",
     # Lease mode: how long a request owns its key before another may take it over.
     "LEASE_TIMEOUT": timedelta(seconds=60),
+    # Alias of a Django cache (Redis) that serves replays before the database; None: off.
+    "CACHE": None,
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
@@ -154,6 +156,12 @@ def _retryable_status_codes(value: Any) -> str | None:
     return "must be a list of HTTP status codes"
 
 
+def _cache(value: Any) -> str | None:
+    if value is None or (isinstance(value, str) and value in settings.CACHES):
+        return None
+    return "must be None or the alias of a cache in CACHES"
+
+
 def _mode(value: Any) -> str | None:
     return None if value in ("atomic", "lease") else "must be 'atomic' or 'lease'"
 
@@ -170,6 +178,7 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "RETRYABLE_STATUS_CODES": ("django_idempotency.E011", _retryable_status_codes),
     "MODE": ("django_idempotency.E014", _mode),
     "LEASE_TIMEOUT": ("django_idempotency.E015", _ttl),
+    "CACHE": ("django_idempotency.E016", _cache),
 }
 
 
@@ -232,6 +241,10 @@ class IdempotencySettings:
     @property
     def MODE(self) -> Mode:
         return self.get("MODE")  # type: ignore[no-any-return]
+
+    @property
+    def CACHE(self) -> str | None:
+        return self.get("CACHE")  # type: ignore[no-any-return]
 
     @property
     def LEASE_TIMEOUT(self) -> timedelta:

@@ -16,6 +16,7 @@ import logging
 import time
 from dataclasses import dataclass
 from enum import StrEnum
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -24,6 +25,7 @@ from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django.utils import timezone
 
 from django_idempotency import problems, signals
+from django_idempotency.cache import ReplayCache
 from django_idempotency.conf import (
     VALIDATORS,
     Mode,
@@ -98,6 +100,7 @@ _SETTING_OF = {
     "retryable_status_codes": "RETRYABLE_STATUS_CODES",
     "mode": "MODE",
     "lease_timeout": "LEASE_TIMEOUT",
+    "cache": "CACHE",
 }
 
 # Lease mode: how often a duplicate looks again while the first request holds the lease.
@@ -118,6 +121,7 @@ class Policy:
     retryable_status_codes: frozenset[int]
     mode: Mode
     lease_timeout: timedelta
+    cache: str | None
     # Lease mode: called as recover(request, key=..., attempt=...) before a key whose earlier
     # request did not finish runs again; a response means "the effect already happened".
     recover: Recover | None = None
@@ -194,7 +198,7 @@ def _fit_scope(scope: str) -> str:
     return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Keyed:
     """A request with a valid key, once its scope and fingerprint are known."""
 
@@ -222,7 +226,26 @@ class _Keyed:
         )
 
     def replay(self, store: KeyStore, now: datetime) -> StoredResponse | Conflict:
-        return store.replay(scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now)
+        found = store.replay(scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now)
+        if isinstance(found, StoredResponse) and found.expires_at is not None:
+            self.remember(found, found.expires_at, store.using)  # read-through
+        return found
+
+    @cached_property
+    def cache(self) -> ReplayCache | None:
+        return ReplayCache(self.policy.cache) if self.policy.cache else None
+
+    def remember(self, stored: StoredResponse, expires_at: datetime, using: str) -> None:
+        """Put a completed response in the replay cache, if there is one, after commit."""
+        if self.cache is not None:
+            self.cache.put_after_commit(
+                scope=self.scope,
+                key=self.key,
+                fingerprint=self.fingerprint,
+                expires_at=expires_at,
+                stored=stored,
+                using=using,
+            )
 
 
 def route_of(request: HttpRequest) -> str:
@@ -343,9 +366,8 @@ class Engine:
             return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
         keyed = _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
-        execute = self._execute_lease if policy.mode == "lease" else self._execute
         try:
-            decision = execute(keyed)
+            decision = self._run(keyed)
         except KeyBusy:
             detail = "A request with this key is still being processed; retry later."
             response = problems.problem_response(problems.IN_PROGRESS, detail)
@@ -359,6 +381,17 @@ class Engine:
             decision = _Decision(Outcome.NOT_STORED, None, error=exc)
         decision.key, decision.scope, decision.route = key, scope, route
         return decision
+
+    def _run(self, keyed: _Keyed) -> _Decision:
+        if keyed.cache is not None:
+            cached = keyed.cache.get(
+                scope=keyed.scope, key=keyed.key, fingerprint=keyed.fingerprint, now=self.clock()
+            )
+            if cached is not None:
+                return _Decision(Outcome.REPLAYED, _replay_response(cached))
+        if keyed.policy.mode == "lease":
+            return self._execute_lease(keyed)
+        return self._execute(keyed)
 
     def _execute(self, keyed: _Keyed) -> _Decision:
         """Atomic mode: claim, run and complete in one transaction with the view's writes."""
@@ -391,6 +424,11 @@ class Engine:
             )
             if not stored:  # pragma: no cover - the row is locked by this transaction
                 raise KeyBusy  # never commit an effect whose key could not be stored
+            keyed.remember(
+                StoredResponse(response.status_code, headers, body, 0),
+                now + policy.ttl,
+                store.using,
+            )
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response)
 
@@ -450,6 +488,9 @@ class Engine:
             # answer, and this one, already given to its client, is not kept.
             logger.error("the lease on idempotency key %s was taken over; not stored", keyed.key)
             return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
+        keyed.remember(
+            StoredResponse(response.status_code, headers, body, 0), now + policy.ttl, store.using
+        )
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
 

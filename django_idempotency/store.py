@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import OperationalError, connections
@@ -20,7 +21,6 @@ from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import datetime
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Field
@@ -49,6 +49,7 @@ class StoredResponse:
     headers: list[tuple[str, str]]
     body: bytes
     replay_count: int
+    expires_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,12 @@ def _is_lock_timeout(exc: OperationalError) -> bool:
     # SQLite locks the whole database, so a wait there says nothing about the key.
     cause = exc.__cause__
     return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+
+
+def _aware(value: datetime | str) -> datetime:
+    # SQLite hands back text in UTC; PostgreSQL an aware datetime.
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _field(name: str) -> Field[Any, Any]:
@@ -129,7 +136,7 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
         f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
         f"RETURNING {c('response_status')}, {c('response_headers')}, {c('response_body')}, "
-        f"{c('replay_count')}"
+        f"{c('replay_count')}, {c('expires_at')}"
     )
     # The lease version fences the write: a request whose row was taken over changes nothing.
     complete = (
@@ -217,7 +224,7 @@ class KeyStore:
             cursor.execute(self.sql.replay, params)
             row = cursor.fetchone()
         if row is not None:
-            status, headers, body, replay_count = row
+            status, headers, body, replay_count, expires_at = row
             if isinstance(headers, str):  # Django loads JSON columns as text
                 headers = json.loads(headers)
             return StoredResponse(
@@ -225,6 +232,7 @@ class KeyStore:
                 headers=[(name, value) for name, value in headers or []],
                 body=bytes(body or b""),
                 replay_count=replay_count,
+                expires_at=_aware(expires_at),
             )
         stored_fingerprint = (
             IdempotencyKey.objects.using(self.using)
