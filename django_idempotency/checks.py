@@ -95,3 +95,30 @@ def check_database(
             )
         ]
     return []
+
+
+@register(Tags.caches)
+def check_cache(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    alias = user.get("CACHE") if isinstance(user, dict) else None
+    if not isinstance(alias, str) or alias not in settings.CACHES:
+        return []
+    # django-redis can return "no entry" on every error: the replay cache stays correct (the
+    # database answers), but an outage never reaches the logs.
+    options = settings.CACHES[alias].get("OPTIONS", {})
+    if options.get("IGNORE_EXCEPTIONS") or getattr(
+        settings, "DJANGO_REDIS_IGNORE_EXCEPTIONS", False
+    ):
+        return [
+            Warning(
+                f"The replay cache {alias!r} ignores its errors: an outage would go unnoticed.",
+                hint="Drop IGNORE_EXCEPTIONS for this cache; django_idempotency already falls "
+                "back to the database and logs each cache error.",
+                id="django_idempotency.W003",
+            )
+        ]
+    return []

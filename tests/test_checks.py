@@ -100,3 +100,20 @@ def test_keys_in_another_database_than_the_views_are_warned_about(monkeypatch):
 
     monkeypatch.setattr(router, "db_for_write", lambda model, **hints: "other")
     assert ids(check_database()) == ["django_idempotency.W002"]
+
+
+def test_a_replay_cache_that_swallows_errors_is_warned_about():
+    from django_idempotency.checks import check_cache  # noqa: PLC0415
+
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replay": {
+            "BACKEND": "django.core.cache.backends.locmem.LocMemCache",
+            "OPTIONS": {"IGNORE_EXCEPTIONS": True},
+        },
+    }
+    with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "replay"}):
+        assert ids(check_cache()) == ["django_idempotency.W003"]
+    with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "default"}):
+        assert check_cache() == []
+    assert check_cache() == []
