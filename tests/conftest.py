@@ -3,6 +3,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import socket
 import uuid
 
 import pytest
@@ -12,14 +13,27 @@ from django.test import Client
 from tests.factories import UserFactory
 
 POSTGRESQL = os.environ.get("TEST_DATABASE") == "postgresql"
+CI = os.environ.get("CI", "").lower() == "true"
+
+
+def redis_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def pytest_collection_modifyitems(config, items):
     # PostgreSQL-only tests are skipped on SQLite; runtests.py runs the suite on both.
-    skip = pytest.mark.skip(reason="needs PostgreSQL: TEST_DATABASE=postgresql")
+    skip_postgresql = pytest.mark.skip(reason="needs PostgreSQL: TEST_DATABASE=postgresql")
+    # Redis tests need a Redis on 127.0.0.1:6379; in CI a missing one is a failure.
+    skip_redis = None if CI or redis_reachable() else pytest.mark.skip(reason="needs Redis")
     for item in items:
         if "postgresql" in item.keywords and not POSTGRESQL:
-            item.add_marker(skip)
+            item.add_marker(skip_postgresql)
+        if "redis" in item.keywords and skip_redis is not None:
+            item.add_marker(skip_redis)
 
 
 def basic_auth(user) -> str:

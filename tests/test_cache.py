@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from datetime import timedelta
 
 import pytest
@@ -18,18 +16,6 @@ from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
-
-def redis_reachable() -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", 6379), timeout=1):
-            return True
-    except OSError:
-        return False
-
-
-if not redis_reachable() and os.environ.get("CI", "").lower() != "true":
-    pytest.skip("Redis is not reachable on 127.0.0.1:6379", allow_module_level=True)
-
 REDIS = {"BACKEND": "django.core.cache.backends.redis.RedisCache"}
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -37,7 +23,7 @@ CACHES = {
     "down": {**REDIS, "LOCATION": "redis://127.0.0.1:1/0"},
 }
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)

@@ -131,6 +131,22 @@ IDEMPOTENCY = {
 }
 
 # Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
+# Celery: eager (no broker) unless CELERY_BROKER_URL is set. The beat schedule is the one the
+# operations docs recommend for django-idempotency.
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
+CELERY_TASK_ALWAYS_EAGER = "CELERY_BROKER_URL" not in os.environ
+CELERY_BEAT_SCHEDULE = {
+    "purge-expired-idempotency-keys": {
+        "task": "django_idempotency.purge_expired_keys",
+        "schedule": timedelta(minutes=5),
+        "kwargs": {"max_seconds": 240},
+    },
+    "sweep-idempotency-leases": {
+        "task": "django_idempotency.sweep_expired_leases",
+        "schedule": timedelta(minutes=1),
+    },
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
