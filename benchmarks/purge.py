@@ -8,12 +8,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "idempotency_bench_purge"
+
+# N expired keys, spread over 1,000 principals.
+FILL_SQL = (
+    "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, fingerprint, "
+    "state, lease_version, attempts, created_at, expires_at, replay_count) "
+    "SELECT 'expired:' || (n %% 1000) || ' POST payments/', md5(n::text), 'POST', 'payments/', "
+    "md5(n::text) || md5(n::text), 'succeeded', 1, 1, now() - interval '2 days', "
+    "now() - interval '1 day', 0 FROM generate_series(1, %s) AS n"
+)
 
 
 def main() -> None:
@@ -51,20 +61,13 @@ def main() -> None:
     def fill() -> None:
         with connection.cursor() as cursor:
             cursor.execute("TRUNCATE django_idempotency_idempotencykey")
-            cursor.execute(
-                "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
-                "fingerprint, state, lease_version, attempts, created_at, expires_at, "
-                "replay_count) "
-                "SELECT 'user:' || (n %% 1000) || ' POST payments/', md5(n::text), 'POST', "
-                "'payments/', md5(n::text) || md5(n::text), 'succeeded', 1, 1, "
-                "now() - interval '2 days', now() - interval '1 day', 0 "
-                "FROM generate_series(1, %s) AS n",
-                [args.rows],
-            )
+            cursor.execute(FILL_SQL, [args.rows])
             cursor.execute("VACUUM ANALYZE django_idempotency_idempotencykey")
 
     fill()
+    memory_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     result = IdempotencyKey.objects.purge_expired(batch_size=args.batch_size)
+    memory_growth = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory_before
     fill()
     started = time.monotonic()
     with connection.cursor() as cursor:
@@ -85,6 +88,7 @@ def main() -> None:
         f"{unbatched_rate:>9.0f} {unbatched * 1000:>17.0f} ms"
     )
     print(f"\nbatched / unbatched throughput: {batched_rate / unbatched_rate:.2f}")
+    print(f"peak memory growth of the purging process: {memory_growth / 1024:.1f} MiB")
 
 
 if __name__ == "__main__":

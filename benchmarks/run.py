@@ -154,6 +154,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers")
     parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument(
+        "--purge-rows",
+        type=int,
+        default=0,
+        help="also time fresh POSTs while a throttled purge deletes this many expired keys",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
@@ -174,10 +180,56 @@ def main() -> None:
                 measured = run_wrk(base, scenario, args, round_no)
                 if round_no:
                     results[scenario].append(measured)
+        if args.purge_rows:
+            purge_results = measure_during_purge(base, env, args)
     finally:
         server.terminate()
         server.wait(timeout=30)
     report(results, args)
+    if args.purge_rows:
+        report_purge(purge_results, args)
+
+
+PURGE = (
+    "import django; django.setup(); "
+    "from django_idempotency.models import IdempotencyKey; "
+    "r = IdempotencyKey.objects.purge_expired(batch_size=10_000, pause=0.05); "
+    "print(f'purge: {r.deleted} rows in {r.seconds:.1f} s, longest batch "
+    "{r.longest_batch * 1000:.0f} ms', flush=True)"
+)
+
+
+def measure_during_purge(
+    base: str, env: dict[str, str], args: argparse.Namespace
+) -> dict[str, list[dict[str, float]]]:
+    """Fresh POSTs alone, then while a throttled purge runs, round by round."""
+    import psycopg  # noqa: PLC0415
+
+    from benchmarks.purge import FILL_SQL  # noqa: PLC0415
+
+    results: dict[str, list[dict[str, float]]] = {"alone": [], "during purge": []}
+    for round_no in range(1, args.rounds + 1):
+        with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+            connection.execute(FILL_SQL, [args.purge_rows])
+            connection.execute("VACUUM ANALYZE django_idempotency_idempotencykey")
+        results["alone"].append(run_wrk(base, "fresh", args, 100 + round_no))
+        purge = subprocess.Popen([sys.executable, "-c", PURGE], env=env, cwd=ROOT)
+        results["during purge"].append(run_wrk(base, "fresh", args, 200 + round_no))
+        purge.wait(timeout=600)
+    return results
+
+
+def report_purge(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    median = {
+        name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
+        for name, runs in results.items()
+    }
+    alone = median["alone"]
+    print(f"\nfresh POSTs while a throttled purge deletes {args.purge_rows} expired keys\n")
+    print(f"{'':<13} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p99 vs alone':>13}")
+    for name, row in median.items():
+        ratio = row["p99"] / alone["p99"]
+        print(f"{name:<13} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>13.2f}")
 
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
