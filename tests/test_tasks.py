@@ -79,7 +79,7 @@ def test_purge_fired_twice_at_once_then_again_ends_as_once(worker):
     assert not IdempotencyKey.objects.filter(expires_at__lte=timezone.now()).exists()
 
 
-def test_sweep_fired_twice_at_once_takes_each_lease_once(worker):
+def test_sweep_fired_twice_at_once_then_again_takes_each_lease_once(worker):
     past = timezone.now() - timedelta(minutes=5)
     IdempotencyKey.objects.bulk_create(
         IdempotencyKey(
@@ -96,6 +96,8 @@ def test_sweep_fired_twice_at_once_takes_each_lease_once(worker):
     )
     results = [run(sweep_expired_leases), run(sweep_expired_leases)]
     swept = sum(result.get(timeout=60) for result in results)
+    again = [run(sweep_expired_leases).get(timeout=60) for _ in range(2)]
 
     assert swept == 500
+    assert again == [0, 0]
     assert IdempotencyKey.objects.filter(state="failed", lease_version=2).count() == 500
