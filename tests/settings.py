@@ -17,6 +17,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
+    "django.contrib.staticfiles",
     "rest_framework",
     "django_idempotency",
     "tests.testapp",
@@ -39,6 +40,7 @@ TEMPLATES = [
         },
     }
 ]
+STATIC_URL = "/static/"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 if os.environ.get("TEST_DATABASE") == "postgresql":

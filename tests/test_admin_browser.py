@@ -1,0 +1,110 @@
+"""The key admin in a real browser: headless Chromium, driven by Playwright, on a live server.
+
+Needs Chromium at /usr/bin/chromium (Debian's package; .ci/run installs it). Skipped without it,
+except in CI. With UPDATE_ADMIN_SCREENSHOTS=1 its screenshots replace the ones in docs/images.
+It runs in the SQLite pass: the admin's queries are tested on both databases by test_admin.py,
+and the live server this test needs outlives PostgreSQL's test database otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from tests.conftest import ApiClient
+from tests.factories import UserFactory
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
+
+if os.environ.get("TEST_DATABASE") == "postgresql":
+    pytest.skip("the browser test runs in the SQLite pass", allow_module_level=True)
+if not Path(CHROMIUM).exists() and os.environ.get("CI", "").lower() != "true":
+    pytest.skip("needs Chromium (Debian package chromium)", allow_module_level=True)
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def page(live_server):
+    # Playwright's sync API runs an event loop; Django must allow its ORM calls meanwhile.
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--no-sandbox", "--disable-gpu", "--disable-background-networking"],
+        )
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.set_default_timeout(15_000)
+        yield page
+        browser.close()
+    os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+
+
+@pytest.fixture
+def keys():
+    alice = UserFactory(username="alice")
+    client = ApiClient(alice)
+    client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
+    client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
+    client.send("POST", "/payments/", {"amount": -5}, key="bad-amount")
+    client.send("POST", "/payments/", {"amount": 70}, key="old-key")
+    IdempotencyKey.objects.filter(key="old-key").update(
+        expires_at=timezone.now() - timedelta(hours=1)
+    )
+
+
+def log_in(page, live_server):
+    UserFactory(username="root", is_staff=True, is_superuser=True)
+    page.goto(f"{live_server.url}/admin/login/")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "password")
+    page.click("input[type=submit]")
+
+
+@pytest.fixture
+def images(tmp_path):
+    return IMAGES if os.environ.get("UPDATE_ADMIN_SCREENSHOTS") else tmp_path
+
+
+def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_server, keys, images):
+    log_in(page, live_server)
+    changelist = f"{live_server.url}/admin/django_idempotency/idempotencykey/"
+    page.goto(changelist)
+    assert page.locator("#result_list tbody tr").count() == 3
+    page.screenshot(path=images / "admin-keys.png")
+
+    # Filter: expired keys only.
+    page.click("text=Yes")
+    assert page.locator("#result_list tbody tr").count() == 1
+    assert "old-key" in page.locator("#result_list").inner_text()
+
+    # Search by the exact key, open it, read the stored response.
+    page.goto(changelist)
+    page.fill("#searchbar", "pay-1250")
+    page.press("#searchbar", "Enter")
+    page.click("#result_list tbody tr th a")
+    body = page.locator(".field-stored_body").inner_text()
+    assert '"amount": 1250' in body
+    assert "Location" not in body  # headers are in their own table
+    headers = page.locator(".field-stored_headers table").inner_text()
+    assert "Content-Type\tapplication/json" in headers
+    assert "Location\t/payments/" in headers
+    assert page.locator(".field-replay_count").inner_text().strip().endswith("1")
+    assert page.locator("input[name=_save]").count() == 0  # nothing is editable
+    page.screenshot(path=images / "admin-key.png", full_page=True)
+
+    # Delete what has expired: the live keys are kept.
+    page.goto(changelist)
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "delete_expired")
+    page.click("button[name=index]")
+    assert "Deleted 1 expired keys" in page.locator(".messagelist").inner_text()
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "bad-amount"}
