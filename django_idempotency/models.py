@@ -227,8 +227,9 @@ class IdempotencyKey(models.Model):
         verbose_name = _("idempotency key")
         verbose_name_plural = _("idempotency keys")
         constraints = [
-            # The only arbiter of races between duplicates: see engine.py.
-            models.UniqueConstraint(fields=["scope", "key"], name="idempotency_scope_key_uniq"),
+            # The only arbiter of races between duplicates: see store.py. The key leads, so the
+            # admin's search by key uses this index too.
+            models.UniqueConstraint(fields=["key", "scope"], name="idempotency_scope_key_uniq"),
         ]
         indexes = [
             models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
