@@ -64,11 +64,13 @@ class ReplayCache:
         scope: str,
         key: str,
         fingerprint: str,
-        expires_at: datetime,
         stored: StoredResponse,
         using: str,
     ) -> None:
-        """Cache a completed response once its transaction has committed."""
+        """Cache a completed response, until its key expires, once its transaction commits."""
+        expires_at = stored.expires_at
+        if expires_at is None:
+            return
         entry = {
             "fingerprint": fingerprint,
             "expires_at": expires_at,

@@ -227,22 +227,21 @@ class _Keyed:
 
     def replay(self, store: KeyStore, now: datetime) -> StoredResponse | Conflict:
         found = store.replay(scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now)
-        if isinstance(found, StoredResponse) and found.expires_at is not None:
-            self.remember(found, found.expires_at, store.using)  # read-through
+        if isinstance(found, StoredResponse):
+            self.remember(found, store.using)  # read-through
         return found
 
     @cached_property
     def cache(self) -> ReplayCache | None:
         return ReplayCache(self.policy.cache) if self.policy.cache else None
 
-    def remember(self, stored: StoredResponse, expires_at: datetime, using: str) -> None:
+    def remember(self, stored: StoredResponse, using: str) -> None:
         """Put a completed response in the replay cache, if there is one, after commit."""
         if self.cache is not None:
             self.cache.put_after_commit(
                 scope=self.scope,
                 key=self.key,
                 fingerprint=self.fingerprint,
-                expires_at=expires_at,
                 stored=stored,
                 using=using,
             )
@@ -425,8 +424,7 @@ class Engine:
             if not stored:  # pragma: no cover - the row is locked by this transaction
                 raise KeyBusy  # never commit an effect whose key could not be stored
             keyed.remember(
-                StoredResponse(response.status_code, headers, body, 0),
-                now + policy.ttl,
+                StoredResponse(response.status_code, headers, body, 0, now + policy.ttl),
                 store.using,
             )
         response[STATUS_HEADER] = "stored"
@@ -489,7 +487,8 @@ class Engine:
             logger.error("the lease on idempotency key %s was taken over; not stored", keyed.key)
             return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
         keyed.remember(
-            StoredResponse(response.status_code, headers, body, 0), now + policy.ttl, store.using
+            StoredResponse(response.status_code, headers, body, 0, now + policy.ttl),
+            store.using,
         )
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
