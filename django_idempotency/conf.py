@@ -45,11 +45,23 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TIMEOUT": timedelta(seconds=60),
     # Alias of a Django cache (Redis) that serves replays before the database; None: off.
     "CACHE": None,
+    # Webhook inbox: "inline" processes an event in the request that recorded it, right after
+    # the commit; "celery" hands it to a Celery worker.
+    "INBOX_RUNNER": "inline",
+    # Attempts at processing an event before it is dead and waits for a person.
+    "INBOX_MAX_ATTEMPTS": 10,
+    # Retry delay bound after the first failed attempt; it doubles with each attempt (full
+    # jitter: the delay is drawn between zero and the bound) up to INBOX_RETRY_MAX_DELAY.
+    "INBOX_RETRY_DELAY": timedelta(seconds=30),
+    "INBOX_RETRY_MAX_DELAY": timedelta(hours=6),
+    # How long processed events are kept before the purge deletes them.
+    "INBOX_RETENTION": timedelta(days=30),
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AnonymousPolicy = Literal["shared", "reject"]
 Mode = Literal["atomic", "lease"]
+InboxRunner = Literal["inline", "celery"]
 
 
 @cache
@@ -166,6 +178,16 @@ def _mode(value: Any) -> str | None:
     return None if value in ("atomic", "lease") else "must be 'atomic' or 'lease'"
 
 
+def _inbox_runner(value: Any) -> str | None:
+    return None if value in ("inline", "celery") else "must be 'inline' or 'celery'"
+
+
+def _positive_int(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return None
+    return "must be a positive whole number"
+
+
 VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "HEADER": ("django_idempotency.E003", _header),
     "KEY_REQUIRED": ("django_idempotency.E004", _key_required),
@@ -179,6 +201,11 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "MODE": ("django_idempotency.E014", _mode),
     "LEASE_TIMEOUT": ("django_idempotency.E015", _ttl),
     "CACHE": ("django_idempotency.E016", _cache),
+    "INBOX_RUNNER": ("django_idempotency.E017", _inbox_runner),
+    "INBOX_MAX_ATTEMPTS": ("django_idempotency.E018", _positive_int),
+    "INBOX_RETRY_DELAY": ("django_idempotency.E019", _ttl),
+    "INBOX_RETRY_MAX_DELAY": ("django_idempotency.E020", _ttl),
+    "INBOX_RETENTION": ("django_idempotency.E021", _ttl),
 }
 
 
@@ -249,6 +276,28 @@ class IdempotencySettings:
     @property
     def LEASE_TIMEOUT(self) -> timedelta:
         return as_timedelta(self.get("LEASE_TIMEOUT"), "IDEMPOTENCY['LEASE_TIMEOUT']")
+
+    @property
+    def INBOX_RUNNER(self) -> InboxRunner:
+        return self.get("INBOX_RUNNER")  # type: ignore[no-any-return]
+
+    @property
+    def INBOX_MAX_ATTEMPTS(self) -> int:
+        return int(self.get("INBOX_MAX_ATTEMPTS"))
+
+    @property
+    def INBOX_RETRY_DELAY(self) -> timedelta:
+        return as_timedelta(self.get("INBOX_RETRY_DELAY"), "IDEMPOTENCY['INBOX_RETRY_DELAY']")
+
+    @property
+    def INBOX_RETRY_MAX_DELAY(self) -> timedelta:
+        return as_timedelta(
+            self.get("INBOX_RETRY_MAX_DELAY"), "IDEMPOTENCY['INBOX_RETRY_MAX_DELAY']"
+        )
+
+    @property
+    def INBOX_RETENTION(self) -> timedelta:
+        return as_timedelta(self.get("INBOX_RETENTION"), "IDEMPOTENCY['INBOX_RETENTION']")
 
 
 idempotency_settings = IdempotencySettings()

@@ -519,17 +519,15 @@ class Engine:
         if logger.isEnabledFor(logging.INFO):
             self._log(decision, started)
         # The decision is made (and maybe committed): a failing receiver must not undo the answer.
-        results = _SIGNALS[decision.outcome].send_robust(
-            sender=sender,
+        signals.send_robustly(
+            _SIGNALS[decision.outcome],
+            sender,
             request=view_request,
             key=decision.key,
             scope=decision.scope,
             route=decision.route,
             response=decision.response,
         )
-        for receiver, result in results:
-            if isinstance(result, Exception):
-                logger.error("idempotency signal receiver %r raised", receiver, exc_info=result)
 
 
 default_engine = Engine()

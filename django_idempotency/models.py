@@ -244,3 +244,124 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.method} {self.route})"
+
+
+class InboxEventQuerySet(models.QuerySet["InboxEvent"]):
+    def purge_processed(
+        self, *, older_than: datetime, batch_size: int = 1_000, max_seconds: float | None = None
+    ) -> int:
+        """Delete events processed before ``older_than``, ``batch_size`` at a time; return how many.
+
+        Each batch is a transaction of its own; call it outside one. Only processed events are
+        deleted: a failed or dead event stays until a person deals with it. Safe in several
+        processes at once.
+        """
+        connection = connections[router.db_for_write(self.model)]
+        table = connection.ops.quote_name(self.model._meta.db_table)
+        pk, status, processed_at = (
+            connection.ops.quote_name(name) for name in ("id", "status", "processed_at")
+        )
+        pick = f"SELECT {pk} FROM {table} WHERE {status} = %s AND {processed_at} < %s "  # noqa: S608
+        pick += f"ORDER BY {processed_at} LIMIT %s"
+        if connection.vendor == "postgresql":
+            pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
+        # Our own DELETE, not QuerySet.delete(): see _delete_batch().
+        delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
+        cutoff = self.model._meta.get_field("processed_at").get_db_prep_value(
+            older_than, connection
+        )
+        started = time.monotonic()
+        deleted = 0
+        while max_seconds is None or time.monotonic() - started < max_seconds:
+            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+                cursor.execute(delete, [InboxEvent.Status.PROCESSED, cutoff, batch_size])
+                count = int(cursor.rowcount)
+            deleted += count
+            if count < batch_size:
+                break
+        logger.info(
+            "purged %d processed inbox events", deleted, extra={"idempotency_purged": deleted}
+        )
+        return deleted
+
+
+class InboxEvent(models.Model):
+    """A webhook event as delivered, and how its processing went."""
+
+    class Status(models.TextChoices):
+        RECEIVED = "received", _("received")
+        PROCESSING = "processing", _("processing")
+        PROCESSED = "processed", _("processed")
+        FAILED = "failed", _("failed")
+        DEAD = "dead", _("dead")
+
+    # An inbox churns fast: a 32-bit key would run out.
+    id = models.BigAutoField(primary_key=True)
+    source = models.CharField(
+        _("source"), max_length=100, help_text=_("The sender, as its receiver view names it.")
+    )
+    event_id = models.CharField(
+        _("event id"),
+        max_length=255,
+        help_text=_(
+            "The sender's id of the event; for a sender that gives none, the payload hash."
+        ),
+    )
+    event_type = models.CharField(_("event type"), max_length=255, blank=True)
+    payload = models.JSONField(_("payload"))
+    payload_hash = models.CharField(
+        _("payload hash"),
+        max_length=64,
+        help_text=_("SHA-256 of the payload's canonical JSON (RFC 8785)."),
+    )
+    headers = models.JSONField(
+        _("headers"), default=dict, blank=True, help_text=_("Request headers kept with the event.")
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.RECEIVED
+    )
+    attempts = models.PositiveIntegerField(
+        _("attempts"), default=0, help_text=_("Processing attempts started, the current included.")
+    )
+    received_at = models.DateTimeField(_("received at"), default=timezone.now)
+    next_attempt_at = models.DateTimeField(
+        _("next attempt at"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "When the event is due for another attempt if this one does not finish; empty once "
+            "it is processed or dead."
+        ),
+    )
+    processed_at = models.DateTimeField(_("processed at"), null=True, blank=True)
+    last_error = models.TextField(_("last error"), blank=True)
+    last_traceback = models.TextField(_("last traceback"), blank=True)
+
+    objects = InboxEventQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("inbox event")
+        verbose_name_plural = _("inbox events")
+        constraints = [
+            # The only arbiter between duplicate deliveries: see inbox/receiving.py.
+            models.UniqueConstraint(
+                fields=["source", "event_id"], name="idempotency_inbox_event_uniq"
+            ),
+        ]
+        indexes = [
+            # Only events still to be processed carry next_attempt_at: the periodic run's
+            # query reads this small index and nothing else.
+            models.Index(
+                fields=["next_attempt_at"],
+                name="idempotency_inbox_due_idx",
+                condition=models.Q(next_attempt_at__isnull=False),
+            ),
+            models.Index(
+                fields=["processed_at"],
+                name="idempotency_inbox_done_idx",
+                condition=models.Q(status="processed"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source} {self.event_id}"

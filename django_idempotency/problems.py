@@ -37,7 +37,40 @@ UNAVAILABLE = Problem(
     "idempotency.unavailable", 503, "The request could not be completed; retry it", 1
 )
 
-ALL = (KEY_MISSING, KEY_INVALID, ANONYMOUS_REJECTED, PAYLOAD_MISMATCH, IN_PROGRESS, UNAVAILABLE)
+
+# The webhook inbox's answers to a sender.
+SIGNATURE_MISSING = Problem("inbox.signature_missing", 400, "The webhook signature is missing")
+SIGNATURE_INVALID = Problem("inbox.signature_invalid", 400, "The webhook signature is not valid")
+SIGNATURE_EXPIRED = Problem(
+    "inbox.signature_expired", 400, "The webhook signature is outside the tolerance window"
+)
+PAYLOAD_TOO_LARGE = Problem("inbox.payload_too_large", 413, "The webhook payload is too large")
+PAYLOAD_INVALID = Problem("inbox.payload_invalid", 400, "The webhook payload cannot be read")
+EVENT_CONFLICT = Problem(
+    "inbox.event_conflict", 409, "An event with this id was received with a different payload"
+)
+METHOD_NOT_ALLOWED = Problem("inbox.method_not_allowed", 405, "Webhooks are delivered by POST")
+PROCESSING_FAILED = Problem(
+    "inbox.processing_failed", 500, "The event was recorded, but processing it failed"
+)
+
+ALL = (
+    KEY_MISSING,
+    KEY_INVALID,
+    ANONYMOUS_REJECTED,
+    PAYLOAD_MISMATCH,
+    IN_PROGRESS,
+    UNAVAILABLE,
+    SIGNATURE_MISSING,
+    SIGNATURE_INVALID,
+    SIGNATURE_EXPIRED,
+    PAYLOAD_TOO_LARGE,
+    PAYLOAD_INVALID,
+    EVENT_CONFLICT,
+    METHOD_NOT_ALLOWED,
+    PROCESSING_FAILED,
+)
+BY_CODE = {problem.code: problem for problem in ALL}
 
 
 def problem_response(problem: Problem, detail: str) -> HttpResponse:

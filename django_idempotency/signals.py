@@ -10,7 +10,11 @@ an exception in one is logged, never turned into an error for the client.
 
 from __future__ import annotations
 
+import logging
+
 from django.dispatch import Signal
+
+logger = logging.getLogger("django_idempotency")
 
 #: A fresh request ran and its response was stored with the key.
 key_stored = Signal()
@@ -29,3 +33,27 @@ key_invalid = Signal()
 response_not_stored = Signal()
 #: The database failed mid-request: rolled back and answered 503.
 database_unavailable = Signal()
+
+
+# The webhook inbox's signals are sent with ``sender`` set to ``InboxEvent`` and ``event``, the
+# ``InboxEvent`` concerned. They are sent after the transaction that changed the event commits.
+
+#: A new event was recorded.
+inbox_event_received = Signal()
+#: A delivery repeated an event already recorded; ``conflict`` is True when its payload differs
+#: (answered 409) and False when it is the same (answered 200). Nothing was processed.
+inbox_event_duplicate = Signal()
+#: The event's handler ran and its effects committed with the status ``processed``.
+inbox_event_processed = Signal()
+#: An attempt failed (``error``: the exception); the event is retried at ``event.next_attempt_at``.
+inbox_event_failed = Signal()
+#: The event failed ``INBOX_MAX_ATTEMPTS`` times and is retried no more; ``error`` is the last
+#: exception, or ``None`` when the worker died during the last attempt.
+inbox_event_dead = Signal()
+
+
+def send_robustly(signal: Signal, sender: object, **kwargs: object) -> None:
+    """Send ``signal`` to every receiver; log, and otherwise ignore, a receiver that raises."""
+    for receiver, result in signal.send_robust(sender=sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error("idempotency signal receiver %r raised", receiver, exc_info=result)

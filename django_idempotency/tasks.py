@@ -6,8 +6,10 @@ Every task is safe to run on several workers at once and when beat fires twice.
 from __future__ import annotations
 
 from celery import shared_task
+from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.models import IdempotencyKey, InboxEvent
 
 
 @shared_task(name="django_idempotency.purge_expired_keys", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
@@ -25,3 +27,34 @@ def purge_expired_keys(
 def sweep_expired_leases() -> int:
     """Mark keys whose lease ran out as failed; return how many."""
     return IdempotencyKey.objects.sweep_expired_leases()
+
+
+# acks_late: a message is acknowledged once the attempt ends, so a worker that dies mid-attempt
+# leaves it to be delivered again; the attempt was counted, and the claim makes a second
+# delivery of a live or finished attempt a no-op.
+@shared_task(  # type: ignore[untyped-decorator] # Celery ships no types
+    name="django_idempotency.process_inbox_event",
+    ignore_result=True,
+    acks_late=True,
+    reject_on_worker_lost=True,
+)
+def process_inbox_event(event_pk: int) -> str:
+    """Attempt to process one inbox event; return the outcome."""
+    from django_idempotency.inbox.processing import process  # noqa: PLC0415 - the app registry must be ready
+
+    return process(event_pk).value
+
+
+@shared_task(name="django_idempotency.dispatch_due_inbox_events", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+def dispatch_due_inbox_events(limit: int = 500) -> int:
+    """Dispatch inbox events whose retry is due or whose dispatch was lost; return how many."""
+    from django_idempotency.inbox.processing import dispatch_due  # noqa: PLC0415 - see above
+
+    return dispatch_due(limit=limit)
+
+
+@shared_task(name="django_idempotency.purge_processed_inbox_events", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+def purge_processed_inbox_events(max_seconds: float | None = 240.0) -> int:
+    """Delete processed inbox events older than ``INBOX_RETENTION``; return how many."""
+    older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
+    return InboxEvent.objects.purge_processed(older_than=older_than, max_seconds=max_seconds)

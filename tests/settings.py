@@ -73,3 +73,4 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
+TEST_WEBHOOK_SECRETS = ["whsec_dGVzdHMtb25seS1uZXctc2VjcmV0", "tests-only-old-secret"]

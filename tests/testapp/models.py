@@ -21,3 +21,13 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.amount} for payment {self.payment_id}"
+
+
+class Refund(models.Model):
+    """The effect of the inbox's test handler: one row each time it runs to the end."""
+
+    event_id = models.CharField(max_length=255)
+    amount = models.IntegerField()
+
+    def __str__(self) -> str:
+        return f"refund {self.amount} for {self.event_id}"

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import views
+from tests.testapp import views, webhooks
 
 router = SimpleRouter()
 router.register("viewset-payments", views.PaymentViewSet, basename="viewset-payment")
@@ -34,4 +34,8 @@ urlpatterns = [
     path("text-note/", views.TextNoteView.as_view()),
     path("lease-recovering/", views.RecoveringLeasePaymentView.as_view()),
     path("api/", include(router.urls)),
+    path("webhooks/tests/", webhooks.TestWebhook.as_view()),
+    path("webhooks/small/", webhooks.SmallWebhook.as_view()),
+    path("webhooks/stripe/", webhooks.StripeWebhook.as_view()),
+    path("webhooks/github/", webhooks.GitHubWebhook.as_view()),
 ]

@@ -1,0 +1,48 @@
+"""The webhook inbox: every delivered event recorded once and processed once.
+
+Subclass :class:`WebhookReceiverView` for each sender, register handlers with
+:func:`inbox_handler`, and schedule the periodic tasks (or ``manage.py idempotency_inbox``).
+"""
+
+from __future__ import annotations
+
+from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler
+from django_idempotency.inbox.processing import (
+    Outcome,
+    Receipt,
+    dispatch_due,
+    mark_dead,
+    process,
+    receive,
+    reprocess,
+    retry_now,
+)
+from django_idempotency.inbox.verifiers import (
+    GitHubSignature,
+    HMACVerifier,
+    SignatureError,
+    StandardWebhooksSignature,
+    StripeSignature,
+    Verifier,
+)
+from django_idempotency.inbox.views import WebhookReceiverView
+
+__all__ = [
+    "ANY_TYPE",
+    "GitHubSignature",
+    "HMACVerifier",
+    "Outcome",
+    "Receipt",
+    "SignatureError",
+    "StandardWebhooksSignature",
+    "StripeSignature",
+    "Verifier",
+    "WebhookReceiverView",
+    "dispatch_due",
+    "inbox_handler",
+    "mark_dead",
+    "process",
+    "receive",
+    "reprocess",
+    "retry_now",
+]

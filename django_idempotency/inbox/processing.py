@@ -1,0 +1,438 @@
+"""Recording inbox events once, and processing each once.
+
+Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id): the unique index is
+the only arbiter between duplicate deliveries. Processing takes two short transactions. The
+first claims the event (``SELECT … FOR UPDATE SKIP LOCKED``), marks it processing, counts the
+attempt and sets when the event is due again should this attempt never finish. The second locks
+the event again, runs the handler in a savepoint and records the outcome, so that the handler's
+writes and the new status commit together. Counting the attempt before the handler runs means
+that a handler which kills its worker every time still ends dead; the row lock, held for the
+whole attempt, tells a live attempt from a dead one with no timeout to tune.
+
+Celery, when used, is only the trigger: the schedule lives in ``next_attempt_at``, and the
+periodic :func:`dispatch_due` finds every event whose trigger was lost or whose retry is due.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, cast
+
+import rfc8785
+from django.db import connections, models, router, transaction
+from django.utils import timezone
+
+from django_idempotency import signals
+from django_idempotency.backoff import full_jitter
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.inbox.handlers import get_handler
+from django_idempotency.models import InboxEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from datetime import datetime
+
+    from django.db.models import QuerySet
+
+logger = logging.getLogger("django_idempotency.inbox")
+
+Status = InboxEvent.Status
+
+#: How long a recorded or re-dispatched event waits for its processing to start before the
+#: periodic run dispatches it again (its trigger was lost, or is still queued).
+DISPATCH_GRACE = timedelta(minutes=1)
+# Bounds what an exception's message may take in the row.
+ERROR_MAX_LENGTH = 2_000
+
+
+class Outcome(StrEnum):
+    """What one call to :func:`process` did."""
+
+    PROCESSED = "processed"
+    FAILED = "failed"  # retried at next_attempt_at
+    DEAD = "dead"
+    SKIPPED = "skipped"  # already processed or dead, or another attempt has it
+
+
+@dataclass
+class Receipt:
+    """What :func:`receive` did with a delivery."""
+
+    event: InboxEvent
+    created: bool  # False: a duplicate, recorded before
+    conflict: bool = False  # a duplicate whose payload differs from the recorded one
+    # Set when the event was processed in this thread as the recording committed.
+    outcome: Outcome | None = None
+
+
+def payload_hash(payload: Any) -> str:
+    """SHA-256 of ``payload``'s canonical JSON (RFC 8785), so key order does not matter."""
+    try:
+        canonical = rfc8785.dumps(payload)
+    except rfc8785.CanonicalizationError:
+        # RFC 8785 refuses integers beyond 2**53, which some senders use as ids.
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def receive(
+    source: str,
+    event_id: str | None,
+    event_type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+) -> Receipt:
+    """Record an event once, and dispatch it when the caller's transaction commits.
+
+    An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
+    recorded or dispatched again.
+    """
+    now = now or timezone.now()
+    digest = payload_hash(payload)
+    event = InboxEvent(
+        source=source,
+        event_id=event_id if event_id is not None else f"sha256:{digest}",
+        event_type=event_type,
+        payload=payload,
+        payload_hash=digest,
+        headers=dict(headers or {}),
+        received_at=now,
+        next_attempt_at=now + DISPATCH_GRACE,
+    )
+    using = router.db_for_write(InboxEvent)
+    while True:
+        pk = _insert(event, using)
+        if pk is not None:
+            break
+        recorded = InboxEvent.objects.using(using).filter(source=source, event_id=event.event_id)
+        # The row that won the insert has committed (ON CONFLICT waited for it); it is gone
+        # only if the purge deleted it in between, and then the insert is tried again.
+        if (first := recorded.first()) is not None:
+            return _duplicate(first, digest, using)
+    event.pk = pk
+    event._state.adding = False
+    event._state.db = using
+    receipt = Receipt(event, created=True)
+
+    def after_commit() -> None:
+        logger.info(
+            "recorded inbox event %s from %s",
+            event.event_id,
+            source,
+            extra=_fields(event, "received"),
+        )
+        signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
+        receipt.outcome = dispatch(event.pk)
+
+    transaction.on_commit(after_commit, using=using)
+    return receipt
+
+
+def _duplicate(recorded: InboxEvent, digest: str, using: str) -> Receipt:
+    conflict = recorded.payload_hash != digest
+    if conflict:
+        logger.warning(
+            "inbox event %s from %s delivered again with a different payload; kept the first",
+            recorded.event_id,
+            recorded.source,
+            extra=_fields(recorded, "conflict"),
+        )
+    else:
+        logger.info(
+            "inbox event %s from %s delivered again",
+            recorded.event_id,
+            recorded.source,
+            extra=_fields(recorded, "duplicate"),
+        )
+    transaction.on_commit(
+        lambda: signals.send_robustly(
+            signals.inbox_event_duplicate, InboxEvent, event=recorded, conflict=conflict
+        ),
+        using=using,
+    )
+    return Receipt(recorded, created=False, conflict=conflict)
+
+
+_INSERT_FIELDS = (
+    "source",
+    "event_id",
+    "event_type",
+    "payload",
+    "payload_hash",
+    "headers",
+    "status",
+    "attempts",
+    "received_at",
+    "next_attempt_at",
+    "last_error",
+    "last_traceback",
+)
+
+
+def _insert(event: InboxEvent, using: str) -> int | None:
+    """Insert ``event`` unless (source, event id) is taken; return its id, or None."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    fields = [_field(name) for name in _INSERT_FIELDS]
+    columns = ", ".join(quote(field.column) for field in fields)
+    source, event_id, pk = (quote(_field(name).column) for name in ("source", "event_id", "id"))
+    # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
+    # needed inside a caller's transaction, and a duplicate costs no aborted insert.
+    statement = (
+        f"INSERT INTO {quote(InboxEvent._meta.db_table)} ({columns}) "  # noqa: S608
+        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+        f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
+    )
+    params = [field.get_db_prep_save(getattr(event, field.attname), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(statement, params)
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+def _field(name: str) -> models.Field[Any, Any]:
+    return cast("models.Field[Any, Any]", InboxEvent._meta.get_field(name))
+
+
+def dispatch(pk: int) -> Outcome | None:
+    """Process event ``pk`` now, or hand it to a Celery worker; ``None`` when handed over.
+
+    ``INBOX_RUNNER`` decides. A lost hand-over is not an error: the event stays due, and the
+    periodic :func:`dispatch_due` dispatches it again.
+    """
+    if idempotency_settings.INBOX_RUNNER == "inline":
+        return process(pk)
+    from django_idempotency.tasks import process_inbox_event  # noqa: PLC0415 - Celery is optional
+
+    try:
+        process_inbox_event.delay(pk)
+    except Exception:  # the broker's errors have no common base class
+        logger.warning(
+            "could not hand inbox event %d to Celery; it will be dispatched again",
+            pk,
+            exc_info=True,
+        )
+    return None
+
+
+def dispatch_due(*, now: datetime | None = None, limit: int = 500) -> int:
+    """Dispatch up to ``limit`` events that are due; return how many.
+
+    Due are failed events whose retry time has come, and recorded or processing events whose
+    trigger was lost or whose worker died. Safe in several processes at once.
+    """
+    now = now or timezone.now()
+    using = router.db_for_write(InboxEvent)
+    events = InboxEvent.objects.using(using)
+    with transaction.atomic(using=using):
+        due = events.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
+        pks = list(due.order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
+        # Not due again until its attempt starts: a second run, or a worker's long queue, does
+        # not dispatch it twice. (An event mid-attempt is locked and skipped above.)
+        events.filter(pk__in=pks).update(next_attempt_at=now + DISPATCH_GRACE)
+    for pk in pks:
+        dispatch(pk)
+    return len(pks)
+
+
+def process(
+    pk: int, *, now: datetime | None = None, random: Callable[[], float] = random.random
+) -> Outcome:
+    """Attempt to process event ``pk``: claim it, run its handler, record the outcome.
+
+    ``random`` draws the retry delay's jitter; tests pass their own.
+    """
+    using = router.db_for_write(InboxEvent)
+    claimed = _claim(pk, using, now or timezone.now(), random)
+    if isinstance(claimed, Outcome):
+        return claimed
+    return _attempt(claimed, using)
+
+
+def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
+    max_attempts = idempotency_settings.INBOX_MAX_ATTEMPTS
+    with transaction.atomic(using=using):
+        event = (
+            InboxEvent.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(pk=pk, status__in=(Status.RECEIVED, Status.FAILED, Status.PROCESSING))
+            .first()
+        )
+        if event is None:
+            return Outcome.SKIPPED
+        if event.attempts >= max_attempts:
+            # An unlocked processing event is an attempt whose worker died.
+            if event.status == Status.PROCESSING:
+                event.last_error = f"The worker stopped during attempt {event.attempts}."
+                event.last_traceback = ""
+            event.status, event.next_attempt_at = Status.DEAD, None
+            event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
+            _report(event, Outcome.DEAD, None, using)
+            return Outcome.DEAD
+        event.status = Status.PROCESSING
+        event.attempts += 1
+        delay = full_jitter(
+            event.attempts,
+            idempotency_settings.INBOX_RETRY_DELAY.total_seconds(),
+            idempotency_settings.INBOX_RETRY_MAX_DELAY.total_seconds(),
+            random,
+        )
+        event.next_attempt_at = now + timedelta(seconds=delay)
+        event.save(update_fields=["status", "attempts", "next_attempt_at"])
+    return event
+
+
+def _attempt(event: InboxEvent, using: str) -> Outcome:
+    handler = get_handler(event.source, event.event_type)
+    started = time.monotonic()
+    error: Exception | None = None
+    with transaction.atomic(using=using):
+        mine = (
+            InboxEvent.objects.using(using)
+            .select_for_update(skip_locked=True)
+            .filter(pk=event.pk, status=Status.PROCESSING, attempts=event.attempts)
+        )
+        if not mine.exists():
+            # Between our two transactions another worker took the event over.
+            return Outcome.SKIPPED
+        try:
+            with transaction.atomic(using=using):
+                if handler is not None:
+                    handler(event)
+        except Exception as exc:  # the handler's errors are data: recorded, then retried
+            error = exc
+            outcome = (
+                Outcome.DEAD
+                if event.attempts >= idempotency_settings.INBOX_MAX_ATTEMPTS
+                else Outcome.FAILED
+            )
+            event.status = Status(outcome.value)
+            if outcome is Outcome.DEAD:
+                event.next_attempt_at = None
+            event.last_error = f"{type(exc).__qualname__}: {exc}"[:ERROR_MAX_LENGTH]
+            event.last_traceback = traceback.format_exc()
+        else:
+            outcome = Outcome.PROCESSED
+            event.status, event.next_attempt_at = Status.PROCESSED, None
+            event.processed_at = timezone.now()
+        event.save(
+            update_fields=[
+                "status",
+                "next_attempt_at",
+                "processed_at",
+                "last_error",
+                "last_traceback",
+            ]
+        )
+        _report(event, outcome, error, using, time.monotonic() - started)
+    return outcome
+
+
+_SIGNALS = {
+    Outcome.PROCESSED: signals.inbox_event_processed,
+    Outcome.FAILED: signals.inbox_event_failed,
+    Outcome.DEAD: signals.inbox_event_dead,
+}
+
+
+def _report(
+    event: InboxEvent,
+    outcome: Outcome,
+    error: Exception | None,
+    using: str,
+    duration: float | None = None,
+) -> None:
+    """Log the outcome and send its signal once the transaction that recorded it commits."""
+
+    def after_commit() -> None:
+        fields = {**_fields(event, outcome.value), "idempotency_duration": duration}
+        if outcome is Outcome.PROCESSED:
+            logger.info("processed inbox event %s", event.event_id, extra=fields)
+        elif outcome is Outcome.FAILED:
+            logger.warning(
+                "inbox event %s failed attempt %d; retry at %s",
+                event.event_id,
+                event.attempts,
+                event.next_attempt_at,
+                extra=fields,
+            )
+        else:
+            logger.error(
+                "inbox event %s is dead after %d attempts",
+                event.event_id,
+                event.attempts,
+                extra=fields,
+            )
+        kwargs: dict[str, Any] = {"event": event}
+        if outcome is not Outcome.PROCESSED:
+            kwargs["error"] = error
+        signals.send_robustly(_SIGNALS[outcome], InboxEvent, **kwargs)
+
+    transaction.on_commit(after_commit, using=using)
+
+
+def _fields(event: InboxEvent, outcome: str) -> dict[str, Any]:
+    return {
+        "idempotency_source": event.source,
+        "idempotency_event_id": event.event_id,
+        "idempotency_event_type": event.event_type,
+        "idempotency_outcome": outcome,
+        "idempotency_attempt": event.attempts,
+    }
+
+
+def reprocess(events: QuerySet[InboxEvent]) -> int:
+    """Process ``events`` again from a clean slate, whatever their status; return how many.
+
+    Their attempts start again from zero. An event mid-attempt is left alone.
+    """
+    return _redispatch(events, reset=True)
+
+
+def retry_now(events: QuerySet[InboxEvent]) -> int:
+    """Dispatch the failed among ``events`` now rather than at their retry time."""
+    return _redispatch(events.filter(status=Status.FAILED), reset=False)
+
+
+def mark_dead(events: QuerySet[InboxEvent]) -> int:
+    """Stop retrying the unprocessed among ``events``; return how many."""
+    using = router.db_for_write(InboxEvent)
+    with transaction.atomic(using=using):
+        pks = list(
+            events.using(using)
+            .select_for_update(skip_locked=True)
+            .exclude(status__in=(Status.PROCESSED, Status.DEAD))
+            .values_list("pk", flat=True)
+        )
+        return (
+            InboxEvent.objects.using(using)
+            .filter(pk__in=pks)
+            .update(status=Status.DEAD, next_attempt_at=None)
+        )
+
+
+def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> int:
+    using = router.db_for_write(InboxEvent)
+    now = timezone.now()
+    with transaction.atomic(using=using):
+        # A locked event is mid-attempt: skipping it leaves that attempt to finish.
+        pks = list(
+            events.using(using).select_for_update(skip_locked=True).values_list("pk", flat=True)
+        )
+        changes: dict[str, Any] = {"next_attempt_at": now + DISPATCH_GRACE}
+        if reset:
+            changes.update(status=Status.RECEIVED, attempts=0, processed_at=None)
+        InboxEvent.objects.using(using).filter(pk__in=pks).update(**changes)
+        for pk in pks:
+            transaction.on_commit(lambda pk=pk: dispatch(pk), using=using)  # type: ignore[misc] # default binds the loop value
+    return len(pks)

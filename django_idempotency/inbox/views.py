@@ -1,0 +1,179 @@
+"""The webhook receiver: a base view, configured per sender with a few attributes."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
+from django.db import DatabaseError, transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
+from django.utils.decorators import method_decorator
+from django.views import View
+from django.views.decorators.csrf import csrf_exempt
+
+from django_idempotency import problems
+from django_idempotency.inbox.processing import Outcome, receive
+from django_idempotency.inbox.verifiers import SignatureError, Verifier
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+logger = logging.getLogger("django_idempotency.inbox")
+
+
+@method_decorator(csrf_exempt, name="dispatch")
+# The event is recorded in a commit of its own, before it is processed in transactions of its
+# own: under ATOMIC_REQUESTS a failed handler would roll the record back with it, and the
+# processing's row lock and effects would wait for the response.
+@method_decorator(transaction.non_atomic_requests, name="dispatch")
+class WebhookReceiverView(View):
+    """Receive one sender's webhooks: verify, record once, then process.
+
+    Set ``source`` and ``verifier``; the other attributes say where the event's id and type
+    are. A duplicate delivery answers 200 and is not processed again.
+    """
+
+    http_method_names = ["post"]
+
+    #: Names the sender; events are unique per (source, event id).
+    source: str = ""
+    #: Checks the request's signature before anything is written; see ``get_verifier()``.
+    verifier: Verifier | None = None
+    #: The payload field that holds the event id; its absence dedupes by payload hash.
+    event_id_field: str | None = "id"
+    #: A header that holds the event id instead (GitHub: "X-GitHub-Delivery").
+    event_id_header: str | None = None
+    #: The payload field that holds the event type.
+    event_type_field: str | None = "type"
+    #: A header that holds the event type instead (GitHub: "X-GitHub-Event").
+    event_type_header: str | None = None
+    #: Request headers stored with the event. Never list one that carries a secret.
+    kept_headers: tuple[str, ...] = ("Content-Type", "User-Agent")
+    #: Larger payloads are refused with 413 before they are read.
+    max_payload_size: int = 1024 * 1024
+
+    @classmethod
+    def as_view(cls, **initkwargs: Any) -> Callable[..., HttpResponseBase]:
+        # At URLconf import rather than at the first delivery: a misconfigured receiver should
+        # stop the deploy, not answer 500 to every webhook.
+        source = initkwargs.get("source", cls.source)
+        if not source:
+            msg = f"{cls.__name__} needs a source."
+            raise ImproperlyConfigured(msg)
+        overridden = cls.get_verifier is not WebhookReceiverView.get_verifier
+        if initkwargs.get("verifier", cls.verifier) is None and not overridden:
+            msg = f"{cls.__name__} needs a verifier, or a get_verifier() method."
+            raise ImproperlyConfigured(msg)
+        return super().as_view(**initkwargs)
+
+    def get_verifier(self) -> Verifier:
+        """Return the verifier of this sender's signatures."""
+        assert self.verifier is not None  # noqa: S101 - as_view() made sure
+        return self.verifier
+
+    def parse_payload(self, body: bytes) -> Any:
+        """Return the payload of ``body``; raise ``ValueError`` if it cannot be read."""
+        return json.loads(body)
+
+    def get_event_id(self, request: HttpRequest, payload: Any) -> str | None:
+        """Return the sender's id of the event, or ``None`` to dedupe by payload hash."""
+        if self.event_id_header:
+            return request.headers.get(self.event_id_header)
+        if self.event_id_field and isinstance(payload, dict):
+            value = payload.get(self.event_id_field)
+            return None if value is None else str(value)
+        return None
+
+    def get_event_type(self, request: HttpRequest, payload: Any) -> str:
+        """Return the event's type, which picks its handler."""
+        if self.event_type_header:
+            return request.headers.get(self.event_type_header, "")
+        if self.event_type_field and isinstance(payload, dict):
+            return str(payload.get(self.event_type_field, ""))
+        return ""
+
+    def get_kept_headers(self, request: HttpRequest) -> dict[str, str]:
+        """Return the request headers to store with the event."""
+        return {name: value for name in self.kept_headers if (value := request.headers.get(name))}
+
+    def post(self, request: HttpRequest) -> HttpResponse:
+        try:
+            payload, event_id, event_type = self._read(request)
+        except _Refusal as refusal:
+            logger.warning(
+                "refused a %s webhook: %s",
+                self.source,
+                refusal.problem.code,
+                extra={
+                    "idempotency_source": self.source,
+                    "idempotency_outcome": refusal.problem.code,
+                },
+            )
+            return problems.problem_response(refusal.problem, refusal.detail)
+        try:
+            receipt = receive(
+                self.source, event_id, event_type, payload, headers=self.get_kept_headers(request)
+            )
+        except DatabaseError:
+            logger.exception("could not record a %s webhook", self.source)
+            return problems.problem_response(
+                problems.UNAVAILABLE, "The event was not recorded; deliver it again."
+            )
+        if receipt.conflict:
+            return problems.problem_response(
+                problems.EVENT_CONFLICT, "The event id was recorded with another payload first."
+            )
+        if receipt.outcome in (Outcome.FAILED, Outcome.DEAD):
+            return problems.problem_response(
+                problems.PROCESSING_FAILED,
+                "The event is recorded and will be retried; it need not be delivered again.",
+            )
+        status = "duplicate" if not receipt.created else (receipt.outcome or "queued")
+        return JsonResponse({"status": status})
+
+    def _read(self, request: HttpRequest) -> tuple[Any, str | None, str]:
+        """Return the verified payload, event id and type; raise ``_Refusal`` if there are none."""
+        too_large = _Refusal(problems.PAYLOAD_TOO_LARGE, "The payload exceeds the limit.")
+        if _content_length(request) > self.max_payload_size:
+            raise too_large
+        try:
+            body = request.body
+        except RequestDataTooBig:
+            raise too_large from None
+        if len(body) > self.max_payload_size:
+            raise too_large
+        try:
+            self.get_verifier().verify(request.headers, body)
+        except SignatureError as exc:
+            raise _Refusal(problems.BY_CODE[exc.code], exc.detail) from None
+        try:
+            payload = self.parse_payload(body)
+        except ValueError:
+            raise _Refusal(problems.PAYLOAD_INVALID, "The payload cannot be parsed.") from None
+        event_id = self.get_event_id(request, payload)
+        if event_id is not None and not 0 < len(event_id) <= 255:
+            raise _Refusal(problems.PAYLOAD_INVALID, "The event id must be 1 to 255 long.")
+        return payload, event_id, self.get_event_type(request, payload)[:255]
+
+    def http_method_not_allowed(
+        self, request: HttpRequest, *args: Any, **kwargs: Any
+    ) -> HttpResponse:
+        response = problems.problem_response(
+            problems.METHOD_NOT_ALLOWED, "Deliver webhooks with POST."
+        )
+        response["Allow"] = "POST"
+        return response
+
+
+class _Refusal(Exception):
+    def __init__(self, problem: problems.Problem, detail: str) -> None:
+        self.problem, self.detail = problem, detail
+
+
+def _content_length(request: HttpRequest) -> int:
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return 0

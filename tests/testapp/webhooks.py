@@ -1,0 +1,54 @@
+"""Webhook receivers and inbox handlers for the tests."""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+
+from django_idempotency.inbox import (
+    GitHubSignature,
+    StandardWebhooksSignature,
+    StripeSignature,
+    WebhookReceiverView,
+    inbox_handler,
+)
+from tests.testapp.models import Refund
+
+
+def secrets() -> list[str]:
+    return settings.TEST_WEBHOOK_SECRETS
+
+
+class TestWebhook(WebhookReceiverView):
+    source = "tests"
+    verifier = StandardWebhooksSignature(secrets)
+
+
+class SmallWebhook(TestWebhook):
+    max_payload_size = 64
+
+
+class StripeWebhook(WebhookReceiverView):
+    source = "stripe"
+    verifier = StripeSignature(secrets)
+
+
+class GitHubWebhook(WebhookReceiverView):
+    source = "github"
+    verifier = GitHubSignature(secrets)
+    event_id_header = "X-GitHub-Delivery"
+    event_type_header = "X-GitHub-Event"
+
+
+@inbox_handler("tests", "refund.succeeded")
+def refund_succeeded(event):
+    """Record a refund; the payload can ask it to fail, always or for the first attempts."""
+    data = event.payload["data"]
+    if data.get("fail") == "always" or event.attempts <= data.get("fail_times", 0):
+        msg = f"the ledger is unavailable (attempt {event.attempts})"
+        raise RuntimeError(msg)
+    Refund.objects.create(event_id=event.event_id, amount=data["amount"])
+    if event.attempts == 1:
+        # After the write: a worker killed while sleeping dies with the refund uncommitted.
+        time.sleep(data.get("sleep_first", 0))
