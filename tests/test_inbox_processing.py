@@ -1,0 +1,370 @@
+"""Processing inbox events: retries in the database, dead letters, lost triggers, races."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency import signals, tasks
+from django_idempotency.backoff import exponential_bound
+from django_idempotency.inbox import (
+    ANY_TYPE,
+    Outcome,
+    dispatch_due,
+    inbox_handler,
+    mark_dead,
+    process,
+    receive,
+    reprocess,
+    retry_now,
+)
+from django_idempotency.inbox import processing as inbox_processing
+from django_idempotency.inbox.handlers import get_handler, unregister
+from django_idempotency.inbox.processing import DISPATCH_GRACE, payload_hash
+from django_idempotency.models import InboxEvent
+from tests.inbox import deliver, refund_event
+from tests.test_store import in_threads
+from tests.testapp.models import Refund
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BASE, CAP = 30.0, 6 * 3600.0
+
+
+@pytest.fixture
+def lost_triggers(monkeypatch):
+    """Lose every dispatch that follows a commit, as a crash right after it would."""
+    monkeypatch.setattr(inbox_processing, "dispatch", lambda pk: None)
+
+
+def receive_then_roll_back():
+    with transaction.atomic():
+        receive("tests", "evt_1", "refund.succeeded", refund_event())
+        raise RuntimeError
+
+
+def later(seconds):
+    return timezone.now() + timedelta(seconds=seconds)
+
+
+def test_a_transient_failure_is_retried_with_full_jitter_until_it_succeeds():
+    started = timezone.now()
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=3)).event.pk
+    for attempt in range(1, 4):
+        event = InboxEvent.objects.get(pk=pk)
+        assert (event.status, event.attempts) == ("failed", attempt)
+        # Drawn between zero and the bound, from the moment the attempt started.
+        delay = (event.next_attempt_at - started).total_seconds()
+        assert 0 <= delay <= exponential_bound(attempt, BASE, CAP)
+        # Not due before its retry time; due from then on.
+        assert dispatch_due(now=event.next_attempt_at - timedelta(microseconds=1)) == 0
+        with _collect(signals.inbox_event_failed, signals.inbox_event_processed) as sent:
+            started = timezone.now()
+            assert dispatch_due(now=event.next_attempt_at) == 1
+        assert len(sent) == 1
+
+    event = InboxEvent.objects.get(pk=pk)
+    assert (event.status, event.attempts) == ("processed", 4)
+    assert Refund.objects.count() == 1
+
+
+def test_retry_delays_spread_over_the_whole_full_jitter_range():
+    delays = []
+    for n in range(200):
+        started = timezone.now()
+        event = receive("tests", f"evt_{n}", "refund.succeeded", refund_event(fail="always")).event
+        event.refresh_from_db()
+        delays.append((event.next_attempt_at - started).total_seconds())
+
+    assert all(0 <= delay <= BASE for delay in delays)
+    # Full jitter, not a fixed delay nor "half plus jitter": both ends of the range are used.
+    assert min(delays) < BASE / 10
+    assert max(delays) > BASE * 9 / 10
+
+
+def test_the_first_attempt_that_raises_sends_failed_and_keeps_the_error():
+    with _collect(signals.inbox_event_failed) as sent:
+        receipt = receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=1))
+
+    assert receipt.outcome is Outcome.FAILED
+    assert [type(kwargs["error"]) for kwargs in sent] == [RuntimeError]
+    assert sent[0]["event"].last_error == "RuntimeError: the ledger is unavailable (attempt 1)"
+
+
+@override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 3})
+def test_an_event_that_always_fails_is_dead_after_n_attempts_and_can_be_reprocessed():
+    payload = refund_event(fail="always")
+    with _collect(signals.inbox_event_dead) as dead:
+        receipt = receive("tests", "evt_1", "refund.succeeded", payload)
+        for _ in range(5):
+            dispatch_due(now=later(CAP + 1))
+
+    event = InboxEvent.objects.get()
+    assert event.status == "dead"
+    assert event.attempts == 3
+    assert event.next_attempt_at is None
+    assert event.payload == payload
+    assert event.last_error == "RuntimeError: the ledger is unavailable (attempt 3)"
+    assert [kwargs["event"].pk for kwargs in dead] == [receipt.event.pk]
+    assert process(event.pk) is Outcome.SKIPPED
+    assert not Refund.objects.exists()
+
+    # The fix: the data the handler needs is there now.
+    InboxEvent.objects.filter(pk=event.pk).update(payload=refund_event("evt_1"))
+    assert reprocess(InboxEvent.objects.all()) == 1
+    assert reprocess(InboxEvent.objects.filter(status="processing")) == 0
+
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("processed", 1)
+    assert Refund.objects.count() == 1
+
+
+def test_a_failed_event_can_be_retried_now_or_marked_dead():
+    receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=1))
+    receive("tests", "evt_2", "refund.succeeded", refund_event(fail="always"))
+
+    assert retry_now(InboxEvent.objects.filter(event_id="evt_1")) == 1
+    assert mark_dead(InboxEvent.objects.all()) == 1
+    assert mark_dead(InboxEvent.objects.all()) == 0
+
+    statuses = dict(InboxEvent.objects.values_list("event_id", "status"))
+    assert statuses == {"evt_1": "processed", "evt_2": "dead"}
+    assert dispatch_due(now=later(CAP + 1)) == 0
+
+
+def test_rolled_back_with_the_callers_transaction_nothing_is_recorded_or_processed():
+    with pytest.raises(RuntimeError):
+        receive_then_roll_back()
+
+    assert not InboxEvent.objects.exists()
+    assert not Refund.objects.exists()
+
+
+def test_processing_waits_for_the_callers_commit():
+    with transaction.atomic():
+        receipt = receive("tests", "evt_1", "refund.succeeded", refund_event())
+        assert receipt.outcome is None
+        assert not Refund.objects.exists()
+
+    assert receipt.outcome is Outcome.PROCESSED
+    assert Refund.objects.count() == 1
+
+
+def test_an_event_whose_trigger_was_lost_is_dispatched_by_the_periodic_run(monkeypatch):
+    monkeypatch.setattr(inbox_processing, "dispatch", lambda pk: None)
+    receive("tests", "evt_1", "refund.succeeded", refund_event())
+    assert InboxEvent.objects.get().status == "received"
+    # Not before the grace period: its trigger may still be on its way.
+    assert dispatch_due(now=later(DISPATCH_GRACE.total_seconds() - 1)) == 0
+    # The periodic run's own dispatch is lost too: the event comes due again, a grace later.
+    assert dispatch_due(now=later(DISPATCH_GRACE.total_seconds() + 1)) == 1
+    assert dispatch_due(now=later(DISPATCH_GRACE.total_seconds() + 1)) == 0
+    monkeypatch.undo()
+
+    assert dispatch_due(now=later(3 * DISPATCH_GRACE.total_seconds())) == 1
+
+    assert InboxEvent.objects.get().status == "processed"
+    assert Refund.objects.count() == 1
+
+
+def test_an_attempt_whose_worker_died_counts_and_the_event_is_retried(monkeypatch):
+    monkeypatch.setattr(inbox_processing, "dispatch", lambda pk: None)
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event()).event.pk
+    monkeypatch.undo()
+    # A worker claims the event, then dies before its handler's transaction commits.
+    claimed = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.5)
+    assert (claimed.status, claimed.attempts) == ("processing", 1)
+    assert dispatch_due(now=claimed.next_attempt_at - timedelta(seconds=1)) == 0
+
+    assert dispatch_due(now=claimed.next_attempt_at + timedelta(seconds=1)) == 1
+
+    event = InboxEvent.objects.get()
+    assert (event.status, event.attempts) == ("processed", 2)
+    assert Refund.objects.count() == 1
+
+
+@override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 2})
+def test_an_event_that_kills_its_worker_every_time_ends_dead():
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(fail="always")).event.pk
+    InboxEvent.objects.filter(pk=pk).update(status="processing", attempts=2, last_error="")
+
+    with _collect(signals.inbox_event_dead) as dead:
+        assert process(pk) is Outcome.DEAD
+
+    event = InboxEvent.objects.get()
+    assert event.status == "dead"
+    assert event.last_error == "The worker stopped during attempt 2."
+    assert dead[0]["error"] is None
+
+
+def test_an_attempt_taken_over_between_its_two_transactions_leaves_the_event_alone():
+    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
+    InboxEvent.objects.filter(pk=pk).update(status="received", attempts=0)
+    first = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
+    second = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
+
+    assert inbox_processing._attempt(first, "default") is Outcome.SKIPPED
+    assert inbox_processing._attempt(second, "default") is Outcome.PROCESSED
+    assert InboxEvent.objects.get().attempts == 2
+
+
+def test_purge_deletes_old_processed_events_only():
+    old = timezone.now() - timedelta(days=40)
+    for n, status in enumerate(["processed", "processed", "failed", "dead", "processed"]):
+        pk = receive("tests", f"evt_{n}", "customer.created", {"n": n}).event.pk
+        processed_at = old if n < 4 else timezone.now()
+        InboxEvent.objects.filter(pk=pk).update(status=status, processed_at=processed_at)
+
+    purged = InboxEvent.objects.purge_processed(
+        older_than=timezone.now() - timedelta(days=30), batch_size=1
+    )
+
+    assert purged == 2
+    remaining = InboxEvent.objects.order_by("event_id").values_list("event_id", flat=True)
+    assert list(remaining) == ["evt_2", "evt_3", "evt_4"]
+
+
+def test_an_event_id_purged_long_ago_can_be_recorded_again():
+    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
+    InboxEvent.objects.filter(pk=pk).delete()
+
+    assert receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).created
+
+
+def test_the_payload_hash_ignores_key_order_and_accepts_large_integers():
+    assert payload_hash({"a": 1, "b": 2}) == payload_hash({"b": 2, "a": 1})
+    assert payload_hash({"id": 2**64}) != payload_hash({"id": 2**64 + 1})
+
+
+def test_handlers_register_per_source_and_type_with_a_fallback():
+    @inbox_handler("other", "a.b", "c.d")
+    def specific(event):
+        pass
+
+    @inbox_handler("other", ANY_TYPE)
+    def fallback(event):
+        pass
+
+    try:
+        assert get_handler("other", "a.b") is specific
+        assert get_handler("other", "c.d") is specific
+        assert get_handler("other", "x.y") is fallback
+        assert get_handler("tests", "x.y") is None
+        # The same function registered again, as a module imported twice would, is no conflict.
+        inbox_handler("other", "a.b")(specific)
+        with pytest.raises(Exception, match="already does"):
+            inbox_handler("other", "a.b")(fallback)
+        with pytest.raises(TypeError):
+            inbox_handler("other")
+    finally:
+        unregister("other", "a.b", "c.d", ANY_TYPE)
+
+
+# PostgreSQL: real threads, each with its own connection.
+
+
+@pytest.mark.postgresql
+def test_fifty_concurrent_deliveries_of_one_event_record_it_once_and_process_it_once():
+    payload = refund_event()
+
+    statuses = in_threads(50, lambda _: deliver(payload).status_code)
+
+    assert statuses == [200] * 50
+    assert InboxEvent.objects.count() == 1
+    assert InboxEvent.objects.get().status == "processed"
+    assert Refund.objects.count() == 1
+
+
+@pytest.mark.postgresql
+def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_triggers):
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(sleep_first=0.5)).event.pk
+
+    outcomes = in_threads(2, lambda _: process(pk))
+
+    assert sorted(outcomes) == [Outcome.PROCESSED, Outcome.SKIPPED]
+    assert Refund.objects.count() == 1
+    assert InboxEvent.objects.get().attempts == 1
+
+
+@pytest.mark.postgresql
+def test_the_periodic_run_skips_an_event_mid_attempt(lost_triggers):
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(sleep_first=1.0)).event.pk
+    worker = threading.Thread(target=_process_and_close, args=(pk,))
+    worker.start()
+    _wait_for(lambda: InboxEvent.objects.get(pk=pk).status == "processing")
+    time.sleep(0.1)  # the attempt's second transaction holds the row
+
+    dispatched = dispatch_due(now=later(CAP + 1))
+    worker.join()
+
+    assert dispatched == 0
+    event = InboxEvent.objects.get()
+    assert (event.status, event.attempts) == ("processed", 1)
+    assert Refund.objects.count() == 1
+
+
+@pytest.mark.postgresql
+def test_two_periodic_runs_at_once_dispatch_each_event_once(lost_triggers):
+    for n in range(200):
+        receive("tests", f"evt_{n}", "customer.created", {"n": n})
+
+    counts = in_threads(2, lambda _: dispatch_due(now=later(120), limit=150))
+
+    assert sorted(counts) == [50, 150]
+    assert dispatch_due(now=later(120)) == 0
+
+
+def _process_and_close(pk):
+    try:
+        process(pk)
+    finally:
+        connection.close()
+
+
+def _wait_for(condition, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+class _collect:
+    """Collect the keyword arguments of every signal sent while in the block."""
+
+    def __init__(self, *signals_):
+        self.signals = signals_
+        self.sent = []
+
+    def receive(self, **kwargs):
+        self.sent.append(kwargs)
+
+    def __enter__(self):
+        for signal in self.signals:
+            signal.connect(self.receive)
+        return self.sent
+
+    def __exit__(self, *exc):
+        for signal in self.signals:
+            signal.disconnect(self.receive)
+
+
+@override_settings(IDEMPOTENCY={"INBOX_RUNNER": "celery"})
+def test_with_celery_the_event_is_enqueued_after_commit_and_never_after_a_rollback(monkeypatch):
+    enqueued = []
+    monkeypatch.setattr(tasks.process_inbox_event, "delay", enqueued.append)
+
+    with pytest.raises(RuntimeError):
+        receive_then_roll_back()
+    assert enqueued == []
+
+    with transaction.atomic():
+        receipt = receive("tests", "evt_1", "refund.succeeded", refund_event())
+        assert enqueued == []
+    assert enqueued == [receipt.event.pk]
+    assert receipt.outcome is None
