@@ -1,4 +1,4 @@
-"""The Django admin for idempotency keys: look, never edit; purge what has expired."""
+"""The Django admin: idempotency keys and inbox events. Look, never edit; act through actions."""
 
 from __future__ import annotations
 
@@ -14,16 +14,22 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency.conf import UNSAFE_METHODS
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.inbox import processing as inbox
+from django_idempotency.models import IdempotencyKey, InboxEvent
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from django.db.models import QuerySet
     from django.http import HttpRequest
+    from django.utils.functional import _StrPromise
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
+    _InboxModelAdmin = admin.ModelAdmin[InboxEvent]
 else:
-    _ModelAdmin = admin.ModelAdmin  # not subscriptable at run time
+    # Not subscriptable at run time.
+    _ModelAdmin = _InboxModelAdmin = admin.ModelAdmin
 
 # Larger stored bodies are summarised rather than shown.
 SHOWN_BODY_BYTES = 64 * 1024
@@ -219,5 +225,121 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         self.message_user(
             request,
             _("Deleted %(count)d expired keys; live keys were kept.") % {"count": count},
+            messages.SUCCESS,
+        )
+
+
+@admin.register(InboxEvent)
+class InboxEventAdmin(_InboxModelAdmin):
+    list_display = [
+        "event_id",
+        "source",
+        "event_type",
+        "status",
+        "attempts",
+        "received_at",
+        "next_attempt_at",
+        "processed_at",
+    ]
+    list_filter = ["status", "source", "event_type"]
+    paginator = CappedPaginator
+    search_fields = ["event_id"]
+    search_help_text = _("The exact event id the sender gave.")
+    ordering = ["-id"]
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["reprocess", "retry_now", "mark_dead"]
+    fieldsets = [
+        (None, {"fields": ["source", "event_id", "event_type", "status", "payload_hash"]}),
+        (_("Delivery"), {"fields": ["pretty_payload", "kept_headers"]}),
+        (
+            _("Processing"),
+            {
+                "fields": [
+                    "attempts",
+                    "received_at",
+                    "next_attempt_at",
+                    "processed_at",
+                    "last_error",
+                    "traceback",
+                ]
+            },
+        ),
+    ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[InboxEvent], search_term: str
+    ) -> tuple[QuerySet[InboxEvent], bool]:
+        # Exact, as for keys: the (source, event id) index serves it only then.
+        term = search_term.strip()
+        return (queryset.filter(event_id=term) if term else queryset), False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # What arrived is evidence: nothing here is editable; actions change the status.
+        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A deleted event would be processed again when its sender redelivers it.
+        return False
+
+    @admin.display(description=_("payload"))
+    def pretty_payload(self, obj: InboxEvent) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
+
+    @admin.display(description=_("headers"))
+    def kept_headers(self, obj: InboxEvent) -> str:
+        if not obj.headers:
+            return "—"
+        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", obj.headers.items())
+        return format_html("<table>{}</table>", rows)
+
+    @admin.display(description=_("last traceback"))
+    def traceback(self, obj: InboxEvent) -> str:
+        return format_html("<pre>{}</pre>", obj.last_traceback) if obj.last_traceback else "—"
+
+    def has_process_permission(self, request: HttpRequest) -> bool:
+        # The model's change permission: the pages stay read-only, the actions are allowed.
+        return bool(request.user.has_perm("django_idempotency.change_inboxevent"))
+
+    @admin.action(
+        description=_("Reprocess the selected events from a clean slate"),
+        permissions=["process"],
+    )
+    def reprocess(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
+        # Events mid-attempt are left to finish.
+        self._act(request, queryset, inbox.reprocess, _("Reprocessed"))
+
+    @admin.action(description=_("Retry the selected failed events now"), permissions=["process"])
+    def retry_now(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
+        self._act(request, queryset, inbox.retry_now, _("Retried"))
+
+    @admin.action(
+        description=_("Mark the selected events dead: retry them no more"),
+        permissions=["process"],
+    )
+    def mark_dead(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
+        self._act(request, queryset, inbox.mark_dead, _("Marked dead"))
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[InboxEvent],
+        action: Callable[[QuerySet[InboxEvent]], list[int]],
+        message: str | _StrPromise,
+    ) -> None:
+        selected = {event.pk: event for event in queryset}
+        acted_on = action(InboxEvent.objects.filter(pk__in=selected))
+        for pk in acted_on:
+            self.log_change(request, selected[pk], message)
+        self.message_user(
+            request,
+            _("%(message)s %(count)d of the %(selected)d selected events.")
+            % {"message": message, "count": len(acted_on), "selected": len(selected)},
             messages.SUCCESS,
         )

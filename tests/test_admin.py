@@ -1,16 +1,18 @@
-"""The key admin: read-only pages, filters, search and deleting only what has expired."""
+"""The admin: read-only pages, filters, search, and actions that are logged."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pytest
-from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.models import IdempotencyKey, InboxEvent
 from tests.factories import UserFactory
+from tests.inbox import deliver, refund_event
+from tests.testapp.models import Refund
 
 pytestmark = pytest.mark.django_db
 
@@ -172,3 +174,102 @@ def test_the_method_filter_and_the_capped_count(admin_client, stored):
         assert CappedPaginator(IdempotencyKey.objects.order_by("pk"), 1).count == 2
     finally:
         CappedPaginator.CAP = 10_000
+
+
+# Inbox events.
+
+INBOX = "/admin/django_idempotency/inboxevent/"
+
+
+@pytest.fixture
+def events():
+    """A processed event, a failed one and a dead one, delivered over HTTP."""
+    deliver(refund_event("evt_ok", amount=42), headers={"User-Agent": "provider/2"})
+    deliver(refund_event("evt_failed", fail_times=5))
+    deliver(refund_event("evt_dead", fail="always"))
+    InboxEvent.objects.filter(event_id="evt_dead").update(status="dead", next_attempt_at=None)
+    return {event.event_id: event for event in InboxEvent.objects.all()}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inbox_changelist_filters_by_status_and_searches_by_exact_event_id(
+    admin_client, events
+):
+    def shown(**params):
+        result = admin_client.get(INBOX, params).context["cl"].result_list
+        return sorted(event.event_id for event in result)
+
+    assert shown() == ["evt_dead", "evt_failed", "evt_ok"]
+    assert shown(status__exact="failed") == ["evt_failed"]
+    assert shown(source__exact="tests", event_type__exact="refund.succeeded") == shown()
+    assert shown(q="evt_ok") == ["evt_ok"]
+    assert shown(q="evt") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inbox_detail_page_shows_the_payload_headers_and_error(admin_client, events):
+    ok = admin_client.get(f"{INBOX}{events['evt_ok'].pk}/change/").content.decode()
+    failed = admin_client.get(f"{INBOX}{events['evt_failed'].pk}/change/").content.decode()
+
+    assert "&quot;amount&quot;: 42" in ok  # indented JSON, escaped
+    assert "<th>User-Agent</th><td>provider/2</td>" in ok
+    assert 'name="_save"' not in ok
+    assert "RuntimeError: the ledger is unavailable (attempt 1)" in failed
+    assert "Traceback (most recent call last)" in failed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inbox_events_cannot_be_added_or_deleted(admin_client, events):
+    assert admin_client.get(f"{INBOX}add/").status_code == 403
+    assert admin_client.get(f"{INBOX}{events['evt_dead'].pk}/delete/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_reprocess_runs_a_dead_event_again_and_logs_it(admin_client, events):
+    dead = events["evt_dead"]
+    # The fix: the event no longer asks the handler to fail.
+    InboxEvent.objects.filter(pk=dead.pk).update(payload=refund_event("evt_dead"))
+
+    response = admin_client.post(
+        INBOX, {"action": "reprocess", "_selected_action": [dead.pk]}, follow=True
+    )
+
+    assert "Reprocessed 1 of the 1 selected events." in response.content.decode()
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts) == ("processed", 1)
+    assert Refund.objects.filter(event_id="evt_dead").count() == 1
+    log = LogEntry.objects.get(object_id=str(dead.pk))
+    assert (log.action_flag, log.change_message) == (CHANGE, "Reprocessed")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_now_and_mark_dead(admin_client, events):
+    everything = [event.pk for event in events.values()]
+
+    response = admin_client.post(
+        INBOX, {"action": "retry_now", "_selected_action": everything}, follow=True
+    )
+    assert "Retried 1 of the 3 selected events." in response.content.decode()
+    assert InboxEvent.objects.get(event_id="evt_failed").attempts == 2
+
+    response = admin_client.post(
+        INBOX, {"action": "mark_dead", "_selected_action": everything}, follow=True
+    )
+    assert "Marked dead 1 of the 3 selected events." in response.content.decode()
+    statuses = dict(InboxEvent.objects.values_list("event_id", "status"))
+    assert statuses == {"evt_ok": "processed", "evt_failed": "dead", "evt_dead": "dead"}
+    assert LogEntry.objects.filter(action_flag=CHANGE).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_who_may_only_view_inbox_events_sees_no_actions(client, events):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_inboxevent"))
+    client.force_login(viewer)
+
+    response = client.get(INBOX)
+
+    assert response.status_code == 200
+    assert response.context["action_form"] is None
+    client.post(INBOX, {"action": "reprocess", "_selected_action": [events["evt_dead"].pk]})
+    assert InboxEvent.objects.get(event_id="evt_dead").status == "dead"

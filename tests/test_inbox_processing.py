@@ -117,8 +117,8 @@ def test_an_event_that_always_fails_is_dead_after_n_attempts_and_can_be_reproces
 
     # The fix: the data the handler needs is there now.
     InboxEvent.objects.filter(pk=event.pk).update(payload=refund_event("evt_1"))
-    assert reprocess(InboxEvent.objects.all()) == 1
-    assert reprocess(InboxEvent.objects.filter(status="processing")) == 0
+    assert reprocess(InboxEvent.objects.all()) == [event.pk]
+    assert reprocess(InboxEvent.objects.filter(status="processing")) == []
 
     event.refresh_from_db()
     assert (event.status, event.attempts) == ("processed", 1)
@@ -129,9 +129,10 @@ def test_a_failed_event_can_be_retried_now_or_marked_dead():
     receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=1))
     receive("tests", "evt_2", "refund.succeeded", refund_event(fail="always"))
 
-    assert retry_now(InboxEvent.objects.filter(event_id="evt_1")) == 1
-    assert mark_dead(InboxEvent.objects.all()) == 1
-    assert mark_dead(InboxEvent.objects.all()) == 0
+    first = InboxEvent.objects.filter(event_id="evt_1")
+    assert retry_now(first) == [first.get().pk]
+    assert mark_dead(InboxEvent.objects.all()) == [InboxEvent.objects.get(event_id="evt_2").pk]
+    assert mark_dead(InboxEvent.objects.all()) == []
 
     statuses = dict(InboxEvent.objects.values_list("event_id", "status"))
     assert statuses == {"evt_1": "processed", "evt_2": "dead"}

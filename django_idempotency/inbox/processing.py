@@ -391,21 +391,21 @@ def _fields(event: InboxEvent, outcome: str) -> dict[str, Any]:
     }
 
 
-def reprocess(events: QuerySet[InboxEvent]) -> int:
-    """Process ``events`` again from a clean slate, whatever their status; return how many.
+def reprocess(events: QuerySet[InboxEvent]) -> list[int]:
+    """Process ``events`` again from a clean slate, whatever their status; return their ids.
 
     Their attempts start again from zero. An event mid-attempt is left alone.
     """
     return _redispatch(events, reset=True)
 
 
-def retry_now(events: QuerySet[InboxEvent]) -> int:
-    """Dispatch the failed among ``events`` now rather than at their retry time."""
+def retry_now(events: QuerySet[InboxEvent]) -> list[int]:
+    """Dispatch the failed among ``events`` now, not at their retry time; return their ids."""
     return _redispatch(events.filter(status=Status.FAILED), reset=False)
 
 
-def mark_dead(events: QuerySet[InboxEvent]) -> int:
-    """Stop retrying the unprocessed among ``events``; return how many."""
+def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
+    """Stop retrying the unprocessed among ``events``; return their ids."""
     using = router.db_for_write(InboxEvent)
     with transaction.atomic(using=using):
         pks = list(
@@ -414,14 +414,13 @@ def mark_dead(events: QuerySet[InboxEvent]) -> int:
             .exclude(status__in=(Status.PROCESSED, Status.DEAD))
             .values_list("pk", flat=True)
         )
-        return (
-            InboxEvent.objects.using(using)
-            .filter(pk__in=pks)
-            .update(status=Status.DEAD, next_attempt_at=None)
+        InboxEvent.objects.using(using).filter(pk__in=pks).update(
+            status=Status.DEAD, next_attempt_at=None
         )
+    return pks
 
 
-def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> int:
+def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     using = router.db_for_write(InboxEvent)
     now = timezone.now()
     with transaction.atomic(using=using):
@@ -435,4 +434,4 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> int:
         InboxEvent.objects.using(using).filter(pk__in=pks).update(**changes)
         for pk in pks:
             transaction.on_commit(lambda pk=pk: dispatch(pk), using=using)  # type: ignore[misc] # default binds the loop value
-    return len(pks)
+    return pks
