@@ -128,7 +128,17 @@ IDEMPOTENCY = {
     "WAIT_TIMEOUT": 3.0,
     # Whether a request to an idempotent view must carry a key (400 if missing).
     "KEY_REQUIRED": True,
+    # Webhook inbox: processed by a Celery worker when there is a broker, else in the request.
+    "INBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
+    # Attempts before an event is dead and waits for a person in the admin.
+    "INBOX_MAX_ATTEMPTS": 10,
 }
+
+# The secrets the provider signs its webhooks with: the current one first, then the one it
+# replaces while a rotation is under way.
+PROVIDER_WEBHOOK_SECRETS = os.environ.get(
+    "PROVIDER_WEBHOOK_SECRETS", "whsec_example-project-only"
+).split(",")
 
 # Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
 # Celery: eager (no broker) unless CELERY_BROKER_URL is set. The beat schedule is the one the
@@ -144,6 +154,14 @@ CELERY_BEAT_SCHEDULE = {
     "sweep-idempotency-leases": {
         "task": "django_idempotency.sweep_expired_leases",
         "schedule": timedelta(minutes=1),
+    },
+    "dispatch-due-inbox-events": {
+        "task": "django_idempotency.dispatch_due_inbox_events",
+        "schedule": timedelta(minutes=1),
+    },
+    "purge-processed-inbox-events": {
+        "task": "django_idempotency.purge_processed_inbox_events",
+        "schedule": timedelta(hours=1),
     },
 }
 

@@ -38,6 +38,11 @@ class Payment(models.Model):
         return self.amount - self.amount_refunded
 
 
+class ProviderStatus(models.TextChoices):
+    PENDING = "pending", _("pending")
+    SUCCEEDED = "succeeded", _("succeeded")
+
+
 class Refund(models.Model):
     """Money given back on a payment: part of it or all of it."""
 
@@ -48,6 +53,15 @@ class Refund(models.Model):
     amount = models.PositiveBigIntegerField(_("amount"), help_text=_("In minor units."))
     reason = models.CharField(_("reason"), max_length=255, blank=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    # What the provider reports, through its webhooks.
+    provider_status = models.CharField(
+        _("provider status"), max_length=16, choices=ProviderStatus.choices, blank=True
+    )
+    provider_sequence = models.PositiveIntegerField(
+        _("provider sequence"),
+        default=0,
+        help_text=_("The sequence number of the newest provider event applied."),
+    )
 
     class Meta:
         verbose_name = _("refund")
@@ -120,3 +134,25 @@ class ProviderCharge(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reference}: {self.amount} {self.currency}"
+
+
+class CustomerNotice(models.Model):
+    """A message to the customer, sent when the provider confirms a refund.
+
+    A webhook processed twice would show here as a second notice.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    refund = models.ForeignKey(
+        Refund, on_delete=models.PROTECT, related_name="notices", verbose_name=_("refund")
+    )
+    message = models.CharField(_("message"), max_length=255)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("customer notice")
+        verbose_name_plural = _("customer notices")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return self.message

@@ -1,9 +1,15 @@
-"""A stand-in for a payment provider, slow enough for concurrent duplicates to overlap."""
+"""A stand-in for a payment provider: slow enough for duplicates to overlap; sends webhooks."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from typing import Any
+
+from django.conf import settings
+
+from django_idempotency.inbox import StripeSignature
 
 LATENCY = 0.2
 """Seconds each authorization takes."""
@@ -47,3 +53,21 @@ def find_charge(idempotency_key: str) -> str | None:
         .values_list("reference", flat=True)
         .first()
     )
+
+
+def refund_events(refund_id: int) -> list[dict[str, Any]]:
+    """The events the provider sends about a refund, in the order they happened."""
+    return [
+        {
+            "id": f"evt_{uuid.uuid4().hex[:16]}",
+            "type": f"refund.{status}",
+            "data": {"refund": refund_id, "sequence": sequence},
+        }
+        for sequence, status in enumerate(["pending", "succeeded"], start=1)
+    ]
+
+
+def signed(event: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    """The body and headers of one delivery of ``event``, signed as the provider signs."""
+    body = json.dumps(event).encode()
+    return body, StripeSignature(settings.PROVIDER_WEBHOOK_SECRETS).sign(body)

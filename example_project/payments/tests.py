@@ -10,8 +10,9 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
 
+from payments import provider
 from payments.management.commands.demo import STORIES
-from payments.models import LedgerEntry, Payment, Refund
+from payments.models import CustomerNotice, LedgerEntry, Payment, Refund
 
 
 @pytest.fixture(autouse=True)
@@ -75,3 +76,25 @@ def test_over_refund_400_is_stored_and_replayed(alice):
     assert second.content == first.content
     assert not Refund.objects.exists()
     assert Payment.objects.get().amount_refunded == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_provider_webhook_delivered_twice_tells_the_customer_once(alice):
+    payment = post(alice, "/api/payments/", {"amount": 900, "currency": "eur"}, str(uuid.uuid4()))
+    refund = post(alice, "/api/refunds/", {"payment": payment.json()["id"], "amount": 300}, "r1")
+    _pending, succeeded = provider.refund_events(refund.json()["id"])
+
+    answers = []
+    for _ in range(2):
+        body, headers = provider.signed(succeeded)
+        answers.append(
+            Client()
+            .post("/webhooks/provider/", body, content_type="application/json", headers=headers)
+            .json()
+        )
+
+    assert answers == [{"status": "processed"}, {"status": "duplicate"}]
+    assert Refund.objects.get().provider_status == "succeeded"
+    assert [notice.message for notice in CustomerNotice.objects.all()] == [
+        "Your refund of 300 eur is on its way."
+    ]

@@ -25,7 +25,10 @@ from django.db import connection, models
 from django.db.models import Max
 from django.test import Client
 
-from payments.models import LedgerEntry, Payment, ProviderCharge, Refund
+from django_idempotency.inbox import StripeSignature
+from django_idempotency.models import InboxEvent
+from payments import provider
+from payments.models import CustomerNotice, LedgerEntry, Payment, ProviderCharge, Refund
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -37,6 +40,7 @@ PASSWORD = "password"
 PAYMENTS = "/api/payments/"
 REFUNDS = "/api/refunds/"
 CHARGES = "/api/charges/"
+WEBHOOKS = "/webhooks/provider/"
 CONCURRENT_REQUESTS = 8
 # Column widths of the table: story, what was sent, what came back, effect in the database.
 WIDTHS = (22, 38, 38, 17)
@@ -355,6 +359,56 @@ def crash_after_charge() -> Story:
     return story
 
 
+def provider_webhooks() -> Story:
+    story, alice = Story("i. provider webhooks"), Api("alice")
+    payment = alice.post(PAYMENTS, payment_data(2000, "refunded by webhook"), new_key())
+    refund = alice.post(REFUNDS, {"payment": payment.data.get("id"), "amount": 800}, new_key())
+    refund_id = int(refund.data.get("id") or 0)
+    story.exchange("POST payment, then refund 800", refund.describe("refund"))
+    notices = CustomerNotice.objects.count()
+    pending, succeeded = provider.refund_events(refund_id)
+    deliveries = [
+        ("refund.succeeded (seq 2)", succeeded, None),
+        ("refund.pending (seq 1), late", pending, None),
+        ("refund.succeeded again", succeeded, None),
+        ("refund.pending again", pending, None),
+        ("a forged succeeded", {**succeeded, "id": "evt_forged"}, "whsec_not-the-secret"),
+    ]
+    answers = []
+    for label, event, secret in deliveries:
+        body, headers = provider.signed(event)
+        if secret:
+            headers = StripeSignature([secret]).sign(body)
+        answer = Answer.of(
+            Client().post(WEBHOOKS, body, content_type="application/json", headers=headers)
+        )
+        answers.append(answer)
+        story.exchange(
+            f"provider: {label}", f"{answer.status} {answer.code or answer.data.get('status')}"
+        )
+    recorded = InboxEvent.objects.filter(event_id__in=[pending["id"], succeeded["id"]])
+    new_notices = CustomerNotice.objects.count() - notices
+    status = Refund.objects.get(pk=refund_id).provider_status if refund_id else "?"
+    story.effect = [
+        f"+{recorded.count()} inbox events",
+        f"+{new_notices} customer notice",
+        f"refund {status}",
+    ]
+    story.expect(
+        [a.data.get("status") for a in answers[:4]]
+        == ["processed", "processed", "duplicate", "duplicate"],
+        "not processed twice, then duplicates",
+    )
+    story.expect(answers[4].code == "inbox.signature_invalid", "the forgery was not refused")
+    story.expect(
+        sorted(recorded.values_list("status", flat=True)) == ["processed", "processed"],
+        "not exactly two events recorded and processed",
+    )
+    story.expect(new_notices == 1, "the customer was not told exactly once")
+    story.expect(status == "succeeded", "the late pending event undid the success")
+    return story
+
+
 STORIES: list[Callable[[], Story]] = [
     double_click,
     lost_response,
@@ -364,6 +418,7 @@ STORIES: list[Callable[[], Story]] = [
     two_users,
     missing_key,
     crash_after_charge,
+    provider_webhooks,
 ]
 
 
