@@ -5,9 +5,13 @@ Scenarios, alternated round by round so that every ratio comes from one run:
   bare    POST to the payment view without IdempotentMixin
   fresh   POST to the idempotent payment view, a new key each time
   replay  POST to the idempotent payment view, always the same key (every answer a replay)
+  bare-webhook  signed webhooks to a view that only inserts the body into a table
+  inbox         the same webhooks to the inbox's receiver, which verifies, records once and
+                enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
 
-Needs wrk (Debian package "wrk") and a PostgreSQL server (PGHOST/PGPORT/PGUSER, default
-127.0.0.1:5432/postgres). Usage: python benchmarks/run.py [--duration S] [--rounds N] ...
+Needs wrk (Debian package "wrk"), a PostgreSQL server (PGHOST/PGPORT/PGUSER, default
+127.0.0.1:5432/postgres) and Redis on 127.0.0.1:6379 (database 13 is flushed).
+Usage: python benchmarks/run.py [--duration S] [--rounds N] ...
 """
 
 from __future__ import annotations
@@ -55,7 +59,29 @@ SCENARIOS = {
     "bare": {"path": "/bench/bare/payments/", "key": "none"},
     "fresh": {"path": "/api/payments/", "key": ""},
     "replay": {"path": "/api/payments/", "key": "the-one-key"},
+    "bare-webhook": {"path": "/bench/bare/webhooks/"},
+    "inbox": {"path": "/webhooks/provider/"},
 }
+WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
+
+# Webhooks need a signature per event, which wrk cannot compute: each round's script carries
+# events signed beforehand, and each thread sends each of its events twice.
+WEBHOOK_LUA = """
+local events = {%(events)s}
+local thread_id, threads, counter = 0, 0, 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("thread_id", threads)
+  thread:set("threads", %(threads)d)
+end
+function request()
+  local index = (math.floor(counter / 2) * threads + thread_id - 1) %% #events + 1
+  counter = counter + 1
+  local event = events[index]
+  local headers = {["Content-Type"] = "application/json", ["Stripe-Signature"] = event[2]}
+  return wrk.format("POST", "%(path)s", headers, event[1])
+end
+"""
 
 
 def environment(port: int) -> dict[str, str]:
@@ -91,6 +117,13 @@ def prepare_database(env: dict[str, str]) -> None:
         connection.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
         connection.execute(f"CREATE DATABASE {DATABASE}")
     manage(env, "migrate", "--verbosity", "0")
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+        connection.execute(
+            "CREATE TABLE bench_bare_event (id bigserial PRIMARY KEY, event_id text, payload jsonb)"
+        )
+    import redis  # noqa: PLC0415
+
+    redis.Redis(db=13).flushdb()
     manage(
         env,
         "shell",
@@ -114,15 +147,41 @@ def wait_until_up(url: str, timeout: float = 30) -> None:
     raise SystemExit(f"the server did not answer at {url}")
 
 
+def webhook_script(path: str, args: argparse.Namespace, prefix: str) -> str:
+    sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+    import django  # noqa: PLC0415 - the signer reads the example's settings
+
+    django.setup()
+    from django.conf import settings  # noqa: PLC0415
+
+    from django_idempotency.inbox import StripeSignature  # noqa: PLC0415
+
+    signer = StripeSignature(settings.PROVIDER_WEBHOOK_SECRETS)
+    # Enough unique events for 4,000 requests a second: they are not sent again in the round.
+    events = []
+    for n in range(args.duration * 2_000):
+        body = json.dumps(
+            {"id": f"evt_{prefix}_{n}", "type": "refund.succeeded", "data": {"refund": n}}
+        ).encode()
+        header = signer.sign(body)["Stripe-Signature"]
+        events.append("{[[%s]], [[%s]]}" % (body.decode(), header))  # noqa: UP031 - Lua syntax
+    return WEBHOOK_LUA % {"events": ",\n".join(events), "threads": args.threads, "path": path}
+
+
 def run_wrk(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> dict[str, float]:
     spec = SCENARIOS[scenario]
-    script = LUA % {
-        "auth": AUTH,
-        "key": spec["key"],
-        "prefix": f"r{round_no}-{time.time_ns()}",
-        "path": spec["path"],
-        "body": BODY,
-    }
+    prefix = f"r{round_no}-{time.time_ns()}"
+    if scenario in WEBHOOK_SCENARIOS:
+        script = webhook_script(spec["path"], args, prefix)
+    else:
+        script = LUA % {
+            "auth": AUTH,
+            "key": spec["key"],
+            "prefix": prefix,
+            "path": spec["path"],
+            "body": BODY,
+        }
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     command = [
@@ -186,6 +245,7 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=30)
     report(results, args)
+    report_inbox(results)
     if args.purge_rows:
         report_purge(purge_results, args)
 
@@ -232,11 +292,26 @@ def report_purge(results: dict[str, list[dict[str, float]]], args: argparse.Name
         print(f"{name:<13} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>13.2f}")
 
 
-def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
-    median = {
+def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {
         name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
         for name, runs in results.items()
     }
+
+
+def report_inbox(results: dict[str, list[dict[str, float]]]) -> None:
+    median = medians(results)
+    bare = median["bare-webhook"]
+    print("\nwebhooks, each event delivered twice (50% duplicates)\n")
+    print(f"{'scenario':<13} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s vs bare':>14}")
+    for name in WEBHOOK_SCENARIOS:
+        row = median[name]
+        ratio = row["rps"] / bare["rps"]
+        print(f"{name:<13} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>14.2f}")
+
+
+def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
+    median = {name: row for name, row in medians(results).items() if name not in WEBHOOK_SCENARIOS}
     bare = median["bare"]
     print(
         f"\n{args.rounds} rounds x {args.duration} s, {args.connections} connections, "

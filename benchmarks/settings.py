@@ -13,3 +13,9 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 # Persistent connections, as in production; a new connection per request would dominate.
 DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
+
+# The inbox hands events to Celery over Redis, as in production; no worker runs during the
+# measurement, so what is measured is the ingest: verify, record once, enqueue.
+IDEMPOTENCY = {**IDEMPOTENCY, "INBOX_RUNNER": "celery"}  # noqa: F405
+CELERY_BROKER_URL = "redis://127.0.0.1:6379/13"
+CELERY_TASK_ALWAYS_EAGER = False

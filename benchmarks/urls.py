@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from django.db import transaction
+import json
+
+from django.db import connection, transaction
+from django.http import HttpRequest, JsonResponse
 from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics
 
 from example_project.urls import urlpatterns as example_urlpatterns
@@ -25,7 +29,20 @@ class BarePaymentList(generics.ListCreateAPIView):
             PaymentList.perform_create(self, serializer)
 
 
+@csrf_exempt
+def bare_webhook(request: HttpRequest) -> JsonResponse:
+    """What the inbox is measured against: parse the body and insert it, nothing more."""
+    payload = json.loads(request.body)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_bare_event (event_id, payload) VALUES (%s, %s)",
+            [payload["id"], request.body.decode()],
+        )
+    return JsonResponse({"status": "inserted"})
+
+
 urlpatterns = [
     *example_urlpatterns,
     path("bench/bare/payments/", BarePaymentList.as_view()),
+    path("bench/bare/webhooks/", bare_webhook),
 ]

@@ -369,3 +369,14 @@ def test_with_celery_the_event_is_enqueued_after_commit_and_never_after_a_rollba
         assert enqueued == []
     assert enqueued == [receipt.event.pk]
     assert receipt.outcome is None
+
+
+def test_an_event_of_a_source_without_any_handler_fails_rather_than_being_lost():
+    receipt = receive("unknown-source", "evt_1", "anything", {"id": "evt_1"})
+
+    assert receipt.outcome is Outcome.FAILED
+    event = InboxEvent.objects.get()
+    assert event.status == "failed"
+    assert event.last_error.startswith(
+        "ImproperlyConfigured: No inbox handler is registered for 'unknown-source' events."
+    )

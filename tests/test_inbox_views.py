@@ -19,6 +19,7 @@ from django_idempotency.inbox import (
     WebhookReceiverView,
     views,
 )
+from django_idempotency.inbox import processing as inbox_processing
 from django_idempotency.models import InboxEvent
 from tests.inbox import deliver, refund_event
 from tests.testapp.models import Refund
@@ -297,3 +298,17 @@ class _Unkeyed:
 
     def sign(self, body, msg_id):
         return self.signer.sign(body)
+
+
+def test_a_database_failure_while_processing_inline_keeps_the_event_for_the_periodic_run(
+    monkeypatch,
+):
+    def down(pk):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(inbox_processing, "process", down)
+    response = deliver(refund_event())
+
+    assert response.status_code == 500
+    assert problem(response)["code"] == "inbox.processing_failed"
+    assert InboxEvent.objects.get().status == "received"

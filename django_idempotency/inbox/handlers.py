@@ -51,6 +51,11 @@ def get_handler(source: str, event_type: str) -> Handler | None:
     return _registry.get((source, event_type)) or _registry.get((source, ANY_TYPE))
 
 
+def handles_source(source: str) -> bool:
+    """Whether any handler is registered for ``source``'s events."""
+    return any(registered == source for registered, _type in _registry)
+
+
 def unregister(source: str, *event_types: str) -> None:
     """Forget the handlers of ``source``'s ``event_types``: for tests."""
     for event_type in event_types:

@@ -24,16 +24,18 @@ import traceback
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, cast
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import rfc8785
-from django.db import connections, models, router, transaction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import DatabaseError, connections, models, router, transaction
 from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.inbox.handlers import get_handler
+from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 
 if TYPE_CHECKING:
@@ -110,36 +112,42 @@ def receive(
         next_attempt_at=now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)
-    while True:
-        pk = _insert(event, using)
-        if pk is not None:
-            break
-        recorded = InboxEvent.objects.using(using).filter(source=source, event_id=event.event_id)
-        # The row that won the insert has committed (ON CONFLICT waited for it); it is gone
-        # only if the purge deleted it in between, and then the insert is tried again.
-        if (first := recorded.first()) is not None:
-            return _duplicate(first, digest, using)
+    pk, inserted, recorded_hash = _record(event, using)
+    if not inserted:
+        return _duplicate(event, pk, recorded_hash, using)
     event.pk = pk
     event._state.adding = False
     event._state.db = using
     receipt = Receipt(event, created=True)
 
     def after_commit() -> None:
-        logger.info(
-            "recorded inbox event %s from %s",
-            event.event_id,
-            source,
-            extra=_fields(event, "received"),
-        )
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "recorded inbox event %s from %s",
+                event.event_id,
+                source,
+                extra=_fields(event, "received"),
+            )
         signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
-        receipt.outcome = dispatch(event.pk)
+        try:
+            receipt.outcome = dispatch(event.pk)
+        except DatabaseError:
+            # The event is recorded: the periodic run will process it.
+            logger.exception("could not process inbox event %s", event.event_id)
+            receipt.outcome = Outcome.FAILED
 
     transaction.on_commit(after_commit, using=using)
     return receipt
 
 
-def _duplicate(recorded: InboxEvent, digest: str, using: str) -> Receipt:
-    conflict = recorded.payload_hash != digest
+def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -> Receipt:
+    # The recorded event, its other fields loaded when first read.
+    recorded = InboxEvent.from_db(
+        using,
+        ["id", "source", "event_id", "payload_hash"],
+        [pk, delivered.source, delivered.event_id, recorded_hash],
+    )
+    conflict = recorded_hash != delivered.payload_hash
     if conflict:
         logger.warning(
             "inbox event %s from %s delivered again with a different payload; kept the first",
@@ -147,7 +155,7 @@ def _duplicate(recorded: InboxEvent, digest: str, using: str) -> Receipt:
             recorded.source,
             extra=_fields(recorded, "conflict"),
         )
-    else:
+    elif logger.isEnabledFor(logging.INFO):
         logger.info(
             "inbox event %s from %s delivered again",
             recorded.event_id,
@@ -179,25 +187,67 @@ _INSERT_FIELDS = (
 )
 
 
-def _insert(event: InboxEvent, using: str) -> int | None:
-    """Insert ``event`` unless (source, event id) is taken; return its id, or None."""
+def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
+    """Insert ``event`` unless (source, event id) is taken.
+
+    Return the id of the row that holds the event, whether it was inserted now, and the
+    payload hash it was recorded with.
+    """
     connection = connections[using]
-    quote = connection.ops.quote_name
-    fields = [_field(name) for name in _INSERT_FIELDS]
-    columns = ", ".join(quote(field.column) for field in fields)
-    source, event_id, pk = (quote(_field(name).column) for name in ("source", "event_id", "id"))
+    params = [
+        field.get_db_prep_save(getattr(event, field.attname), connection)
+        for field in map(_field, _INSERT_FIELDS)
+    ]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # One round trip for a duplicate too: the SELECT reads the row that made the
+            # INSERT do nothing, if that row had committed when the statement began.
+            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
+            if row := cursor.fetchone():
+                return int(row[0]), bool(row[1]), str(row[2])
+        else:
+            cursor.execute(_statements(using).insert, params)
+            if row := cursor.fetchone():
+                return int(row[0]), True, event.payload_hash
+        # The row committed while the statement ran (ON CONFLICT waited for it): read it now.
+        cursor.execute(_statements(using).select, [event.source, event.event_id])
+        row = cursor.fetchone()
+    if row is None:
+        # The purge deleted it in between: the event is new again.
+        return _record(event, using)
+    return int(row[0]), False, str(row[1])
+
+
+class _Statements(NamedTuple):
+    insert: str
+    record: str
+    select: str
+
+
+@cache
+def _statements(using: str) -> _Statements:
+    quote = connections[using].ops.quote_name
+    table = quote(InboxEvent._meta.db_table)
+    columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
+    pk, source, event_id, payload_hash = (
+        quote(_field(name).column) for name in ("id", "source", "event_id", "payload_hash")
+    )
     # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
     # needed inside a caller's transaction, and a duplicate costs no aborted insert.
-    statement = (
-        f"INSERT INTO {quote(InboxEvent._meta.db_table)} ({columns}) "  # noqa: S608
-        f"VALUES ({', '.join(['%s'] * len(fields))}) "
+    insert = (
+        f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_INSERT_FIELDS))}) "  # noqa: S608
         f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
     )
-    params = [field.get_db_prep_save(getattr(event, field.attname), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(statement, params)
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
+    where = f"{source} = %s AND {event_id} = %s"
+    return _Statements(
+        insert=insert,
+        record=(
+            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
+            f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
+            f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
+        ),
+        select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+    )
 
 
 def _field(name: str) -> models.Field[Any, Any]:
@@ -309,6 +359,10 @@ def _attempt(event: InboxEvent, using: str) -> Outcome:
             with transaction.atomic(using=using):
                 if handler is not None:
                     handler(event)
+                elif not handles_source(event.source):
+                    # Most likely the handlers' module was not imported in this process:
+                    # fail, so that the event is retried, rather than lose it as processed.
+                    raise ImproperlyConfigured(_no_handlers(event.source))
         except Exception as exc:  # the handler's errors are data: recorded, then retried
             error = exc
             outcome = (
@@ -336,6 +390,13 @@ def _attempt(event: InboxEvent, using: str) -> Outcome:
         )
         _report(event, outcome, error, using, time.monotonic() - started)
     return outcome
+
+
+def _no_handlers(source: str) -> str:
+    return (
+        f"No inbox handler is registered for {source!r} events. Import the module that "
+        "defines them in an AppConfig.ready()."
+    )
 
 
 _SIGNALS = {
