@@ -35,10 +35,11 @@ DATABASE = "idempotency_bench"
 BODY = json.dumps({"amount": 1250, "currency": "EUR", "description": "benchmark"})
 AUTH = "Basic " + base64.b64encode(b"alice:password").decode()
 
+# thread:set() sets a global of the thread's script: those globals must not be shadowed by locals.
 LUA = """
 local counter = 0
-local thread_id = 0
-local threads = 0
+thread_id = 0
+threads = 0
 function setup(thread)
   threads = threads + 1
   thread:set("thread_id", threads)
@@ -68,7 +69,8 @@ WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
 # events signed beforehand, and each thread sends each of its events twice.
 WEBHOOK_LUA = """
 local events = {%(events)s}
-local thread_id, threads, counter = 0, 0, 0
+local counter = 0
+thread_id, threads = 0, 0
 function setup(thread)
   threads = threads + 1
   thread:set("thread_id", threads)
@@ -194,10 +196,46 @@ def run_wrk(base: str, scenario: str, args: argparse.Namespace, round_no: int) -
     if errors:
         raise SystemExit(f"{scenario}: {errors.group(1)} non-2xx answers\n{output}")
     return {
+        "requests": float(re.search(r"(\d+) requests in", output).group(1)),  # type: ignore[union-attr]
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
         "p50": _millis(re.search(r"50%\s+([\d.]+\w+)", output).group(1)),  # type: ignore[union-attr]
         "p99": _millis(re.search(r"99%\s+([\d.]+\w+)", output).group(1)),  # type: ignore[union-attr]
     }
+
+
+# What each scenario must have written: proof that the load was what it says it is.
+COUNTS = {
+    "fresh": ("SELECT count(*) FROM django_idempotency_idempotencykey", 1.0),
+    "bare-webhook": ("SELECT count(*) FROM bench_bare_event", 1.0),
+    "inbox": ("SELECT count(*) FROM django_idempotency_inboxevent", 0.5),
+}
+
+
+def rows_created(env: dict[str, str]) -> dict[str, int]:
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+        return {
+            name: connection.execute(sql).fetchone()[0]  # type: ignore[index]
+            for name, (sql, _share) in COUNTS.items()
+        }
+
+
+def check_rows(
+    scenario: str,
+    measured: dict[str, float],
+    before: dict[str, int],
+    after: dict[str, int],
+    args: argparse.Namespace,
+) -> None:
+    """Fail unless ``scenario`` wrote one row per request (fresh keys), or per two (webhooks)."""
+    if scenario not in COUNTS:
+        return
+    expected = measured["requests"] * COUNTS[scenario][1]
+    written = after[scenario] - before[scenario]
+    # Requests still in flight when wrk stops are written but not counted.
+    if not expected <= written <= expected + args.connections:
+        raise SystemExit(f"{scenario}: {written} rows for {measured['requests']:.0f} requests")
 
 
 def _millis(text: str) -> float:
@@ -236,7 +274,9 @@ def main() -> None:
         results: dict[str, list[dict[str, float]]] = {name: [] for name in SCENARIOS}
         for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
             for scenario in SCENARIOS:
+                before = rows_created(env)
                 measured = run_wrk(base, scenario, args, round_no)
+                check_rows(scenario, measured, before, rows_created(env), args)
                 if round_no:
                     results[scenario].append(measured)
         if args.purge_rows:
