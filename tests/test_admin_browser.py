@@ -1,4 +1,4 @@
-"""The key admin in a real browser: headless Chromium, driven by Playwright, on a live server.
+"""The admin in a real browser: headless Chromium, driven by Playwright, on a live server.
 
 Needs Chromium at /usr/bin/chromium (Debian's package; .ci/run installs it). Skipped without it,
 except in CI. With UPDATE_ADMIN_SCREENSHOTS=1 its screenshots replace the ones in docs/images.
@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.models import IdempotencyKey, InboxEvent
 from tests.conftest import ApiClient
 from tests.factories import UserFactory
+from tests.inbox import deliver, refund_event
+from tests.testapp.models import Refund
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
@@ -108,3 +110,53 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     page.click("button[name=index]")
     assert "Deleted 1 expired keys" in page.locator(".messagelist").inner_text()
     assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "bad-amount"}
+
+
+@pytest.fixture
+def inbox_events():
+    deliver(refund_event("evt_refund_ok", amount=1250), headers={"User-Agent": "provider/2"})
+    deliver(refund_event("evt_refund_retrying", fail_times=5))
+    deliver(refund_event("evt_refund_dead", fail="always"))
+    InboxEvent.objects.filter(event_id="evt_refund_dead").update(
+        status="dead", next_attempt_at=None
+    )
+    # Paths relative to the checkout, as a reader of the screenshots would know them.
+    root = f"{Path(__file__).resolve().parent.parent}/"
+    for event in InboxEvent.objects.exclude(last_traceback=""):
+        event.last_traceback = event.last_traceback.replace(root, "")
+        event.save(update_fields=["last_traceback"])
+
+
+def test_an_operator_finds_a_dead_event_reads_why_and_reprocesses_it(
+    page, live_server, inbox_events, images
+):
+    log_in(page, live_server)
+    changelist = f"{live_server.url}/admin/django_idempotency/inboxevent/"
+    page.set_viewport_size({"width": 1600, "height": 800})  # every column in the picture
+    page.goto(changelist)
+    assert page.locator("#result_list tbody tr").count() == 3
+    page.screenshot(path=images / "admin-inbox.png")
+
+    # Filter: dead events only; open the one there is.
+    page.click("#changelist-filter >> text=dead")
+    assert page.locator("#result_list tbody tr").count() == 1
+    page.click("#result_list tbody tr th a")
+    assert '"fail": "always"' in page.locator(".field-pretty_payload").inner_text()
+    assert "the ledger is unavailable" in page.locator(".field-last_error").inner_text()
+    assert "Traceback" in page.locator(".field-traceback").inner_text()
+    assert page.locator("input[name=_save]").count() == 0  # nothing is editable
+    page.screenshot(path=images / "admin-inbox-event.png", full_page=True)
+
+    # The fix: the event no longer asks the handler to fail. Reprocess it from the list.
+    InboxEvent.objects.filter(event_id="evt_refund_dead").update(
+        payload=refund_event("evt_refund_dead", amount=300)
+    )
+    page.goto(f"{changelist}?status__exact=dead")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "reprocess")
+    page.click("button[name=index]")
+    assert "Reprocessed 1 of the 1 selected events." in page.locator(".messagelist").inner_text()
+    assert InboxEvent.objects.get(event_id="evt_refund_dead").status == "processed"
+    assert list(
+        Refund.objects.filter(event_id="evt_refund_dead").values_list("amount", flat=True)
+    ) == [300]
