@@ -270,6 +270,7 @@ def test_a_database_failure_answers_503(monkeypatch):
     ("attributes", "message"),
     [
         ({"verifier": StripeSignature(["s"])}, "needs a source"),
+        ({"verifier": StripeSignature(["s"]), "source": "x" * 101}, "needs a source"),
         ({"source": "x"}, "needs a verifier"),
     ],
 )
@@ -312,3 +313,22 @@ def test_a_database_failure_while_processing_inline_keeps_the_event_for_the_peri
     assert response.status_code == 500
     assert problem(response)["code"] == "inbox.processing_failed"
     assert InboxEvent.objects.get().status == "received"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"id": "evt_nul_text", "type": "customer.created", "data": {"note": "a\u0000b"}},
+        {"id": "evt_\u0000", "type": "customer.created", "data": {}},
+    ],
+    ids=["NUL in a string", "NUL in the id"],
+)
+def test_a_payload_the_database_cannot_store_is_refused_with_400_not_retried_forever(payload):
+    response = deliver(payload)
+
+    if connection.vendor == "postgresql":
+        assert response.status_code == 400
+        assert problem(response)["code"] == "inbox.payload_invalid"
+        assert not InboxEvent.objects.exists()
+    else:
+        assert response.json() == {"status": "processed"}  # SQLite stores NUL characters

@@ -7,7 +7,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, DataError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -59,8 +59,8 @@ class WebhookReceiverView(View):
         # At URLconf import rather than at the first delivery: a misconfigured receiver should
         # stop the deploy, not answer 500 to every webhook.
         source = initkwargs.get("source", cls.source)
-        if not source:
-            msg = f"{cls.__name__} needs a source."
+        if not source or len(source) > 100:
+            msg = f"{cls.__name__} needs a source of 1 to 100 characters."
             raise ImproperlyConfigured(msg)
         overridden = cls.get_verifier is not WebhookReceiverView.get_verifier
         if initkwargs.get("verifier", cls.verifier) is None and not overridden:
@@ -115,6 +115,12 @@ class WebhookReceiverView(View):
         try:
             receipt = receive(
                 self.source, event_id, event_type, payload, headers=self.get_kept_headers(request)
+            )
+        except DataError:
+            # PostgreSQL refuses some valid JSON, such as "\u0000" in a string: delivering it
+            # again would not help.
+            return problems.problem_response(
+                problems.PAYLOAD_INVALID, "The payload cannot be stored."
             )
         except DatabaseError:
             logger.exception("could not record a %s webhook", self.source)
