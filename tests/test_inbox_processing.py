@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import timedelta
+from io import StringIO
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
@@ -380,3 +383,84 @@ def test_an_event_of_a_source_without_any_handler_fails_rather_than_being_lost()
     assert event.last_error.startswith(
         "ImproperlyConfigured: No inbox handler is registered for 'unknown-source' events."
     )
+
+
+def test_each_decision_is_logged_with_structured_fields(caplog):
+    caplog.set_level(logging.INFO, logger="django_idempotency.inbox")
+    payload = refund_event("evt_1")
+
+    receive("tests", "evt_1", "refund.succeeded", payload)
+    receive("tests", "evt_1", "refund.succeeded", payload)
+
+    records = [(r.getMessage(), r.idempotency_outcome) for r in caplog.records]
+    assert records == [
+        ("recorded inbox event evt_1 from tests", "received"),
+        ("processed inbox event evt_1", "processed"),
+        ("inbox event evt_1 from tests delivered again", "duplicate"),
+    ]
+    assert all(r.idempotency_source == "tests" for r in caplog.records)
+    assert "500" not in caplog.text  # nothing of the payload
+
+
+@override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 2})
+def test_a_failed_event_past_a_lowered_limit_ends_dead_keeping_its_error():
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(fail="always")).event.pk
+    InboxEvent.objects.filter(pk=pk).update(attempts=3)
+
+    assert process(pk) is Outcome.DEAD
+    event = InboxEvent.objects.get()
+    assert event.last_error == "RuntimeError: the ledger is unavailable (attempt 1)"
+
+
+def test_the_tasks_and_the_command_run_in_process(monkeypatch):
+    monkeypatch.setattr(inbox_processing, "dispatch", lambda pk: None)
+    pk = receive("tests", "evt_1", "refund.succeeded", refund_event()).event.pk
+    monkeypatch.undo()
+    old = receive("tests", "evt_old", "customer.created", {"id": "evt_old"}).event
+    InboxEvent.objects.filter(pk=old.pk).update(processed_at=timezone.now() - timedelta(days=31))
+
+    assert tasks.process_inbox_event(pk) == "processed"
+    assert tasks.dispatch_due_inbox_events() == 0
+    assert tasks.purge_processed_inbox_events() == 1
+    out = StringIO()
+    call_command("idempotency_inbox", stdout=out)
+    call_command("idempotency_inbox", "--no-purge", "--limit", "5", stdout=out)
+    assert out.getvalue().splitlines() == [
+        "Dispatched 0 due inbox events.",
+        "Purged 0 processed inbox events.",
+        "Dispatched 0 due inbox events.",
+    ]
+
+
+def test_a_purge_stops_at_its_time_limit():
+    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
+    InboxEvent.objects.filter(pk=pk).update(processed_at=timezone.now() - timedelta(days=31))
+
+    assert InboxEvent.objects.purge_processed(older_than=timezone.now(), max_seconds=0) == 0
+    assert InboxEvent.objects.purge_processed(older_than=timezone.now()) == 1
+
+
+@pytest.mark.postgresql
+def test_a_duplicate_that_waited_for_the_first_delivery_to_commit_is_seen_as_a_duplicate():
+    inserted, release = threading.Event(), threading.Event()
+
+    def first():
+        try:
+            with transaction.atomic():
+                receive("tests", "evt_1", "customer.created", {"id": "evt_1"})
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    inserted.wait(10)
+    # The duplicate's INSERT waits for the first transaction; its snapshot predates the commit.
+    threading.Timer(0.3, release.set).start()
+    receipt = receive("tests", "evt_1", "customer.created", {"id": "evt_1"})
+    holder.join()
+
+    assert not receipt.created
+    assert not receipt.conflict
+    assert InboxEvent.objects.count() == 1

@@ -332,3 +332,28 @@ def test_a_payload_the_database_cannot_store_is_refused_with_400_not_retried_for
         assert not InboxEvent.objects.exists()
     else:
         assert response.json() == {"status": "processed"}  # SQLite stores NUL characters
+
+
+def test_a_payload_that_is_not_an_object_is_deduplicated_by_its_hash():
+    assert deliver(b"[1, 2, 3]").json() == {"status": "processed"}
+    assert deliver(b"[1, 2, 3]").json() == {"status": "duplicate"}
+
+    event = InboxEvent.objects.get()
+    assert (event.event_id, event.event_type) == (f"sha256:{event.payload_hash}", "")
+
+
+@override_settings(DATA_UPLOAD_MAX_MEMORY_SIZE=100)
+def test_a_body_over_djangos_own_limit_is_refused_with_413():
+    response = deliver(refund_event(padding="x" * 200))
+
+    assert response.status_code == 413
+    assert not InboxEvent.objects.exists()
+
+
+def test_an_unreadable_content_length_is_refused_with_400():
+    response = Client().post(
+        "/webhooks/tests/", b"{}", content_type="application/json", CONTENT_LENGTH="many"
+    )
+
+    assert response.status_code == 400
+    assert problem(response)["code"] == "inbox.payload_invalid"

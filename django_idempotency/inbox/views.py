@@ -145,11 +145,13 @@ class WebhookReceiverView(View):
         if _content_length(request) > self.max_payload_size:
             raise too_large
         try:
+            # Django reads no more than Content-Length.
             body = request.body
         except RequestDataTooBig:
             raise too_large from None
-        if len(body) > self.max_payload_size:
-            raise too_large
+        except ValueError:
+            # Django's own reading of a Content-Length that is not a number.
+            raise _Refusal(problems.PAYLOAD_INVALID, "The Content-Length is not valid.") from None
         try:
             self.get_verifier().verify(request.headers, body)
         except SignatureError as exc:
