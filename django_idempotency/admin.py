@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +16,8 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency.conf import UNSAFE_METHODS
 from django_idempotency.inbox import processing as inbox
-from django_idempotency.models import IdempotencyKey, InboxEvent
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from django_idempotency.outbox import redeliver
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -27,9 +29,10 @@ if TYPE_CHECKING:
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
     _InboxModelAdmin = admin.ModelAdmin[InboxEvent]
+    _OutboxModelAdmin = admin.ModelAdmin[OutboxMessage]
 else:
     # Not subscriptable at run time.
-    _ModelAdmin = _InboxModelAdmin = admin.ModelAdmin
+    _ModelAdmin = _InboxModelAdmin = _OutboxModelAdmin = admin.ModelAdmin
 
 # Larger stored bodies are summarised rather than shown.
 SHOWN_BODY_BYTES = 64 * 1024
@@ -81,6 +84,13 @@ class MethodFilter(admin.SimpleListFilter):
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> QuerySet[IdempotencyKey]:
         return queryset.filter(method=self.value()) if self.value() else queryset
+
+
+def _header_table(headers: dict[str, str]) -> str:
+    if not headers:
+        return "—"
+    rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", headers.items())
+    return format_html("<table>{}</table>", rows)
 
 
 class CappedPaginator(Paginator):  # type: ignore[type-arg]
@@ -294,10 +304,7 @@ class InboxEventAdmin(_InboxModelAdmin):
 
     @admin.display(description=_("headers"))
     def kept_headers(self, obj: InboxEvent) -> str:
-        if not obj.headers:
-            return "—"
-        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", obj.headers.items())
-        return format_html("<table>{}</table>", rows)
+        return _header_table(obj.headers)
 
     @admin.display(description=_("last traceback"))
     def traceback(self, obj: InboxEvent) -> str:
@@ -341,5 +348,93 @@ class InboxEventAdmin(_InboxModelAdmin):
             request,
             _("%(message)s %(count)d of the %(selected)d selected events.")
             % {"message": message, "count": len(acted_on), "selected": len(selected)},
+            messages.SUCCESS,
+        )
+
+
+@admin.register(OutboxMessage)
+class OutboxMessageAdmin(_OutboxModelAdmin):
+    list_display = [
+        "message_id",
+        "topic",
+        "ordering_key",
+        "status",
+        "attempts",
+        "created_at",
+        "next_attempt_at",
+        "dispatched_at",
+    ]
+    list_filter = ["status", "topic"]
+    paginator = CappedPaginator
+    search_fields = ["message_id"]
+    search_help_text = _("The exact message id.")
+    ordering = ["-id"]
+    show_full_result_count = False
+    list_per_page = 50
+    actions = ["redeliver"]
+    fieldsets = [
+        (None, {"fields": ["message_id", "topic", "ordering_key", "status"]}),
+        (_("Message"), {"fields": ["pretty_payload", "kept_headers"]}),
+        (
+            _("Dispatch"),
+            {
+                "fields": [
+                    "attempts",
+                    "created_at",
+                    "next_attempt_at",
+                    "dispatched_at",
+                    "last_error",
+                ]
+            },
+        ),
+    ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
+    ) -> tuple[QuerySet[OutboxMessage], bool]:
+        # Exact, through the unique index; a malformed id matches nothing.
+        try:
+            message_id = uuid.UUID(search_term.strip())
+        except ValueError:
+            return (queryset.none() if search_term.strip() else queryset), False
+        return queryset.filter(message_id=message_id), False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A message deleted before it was sent is lost; the purge deletes the dispatched ones.
+        return False
+
+    @admin.display(description=_("payload"))
+    def pretty_payload(self, obj: OutboxMessage) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
+
+    @admin.display(description=_("headers"))
+    def kept_headers(self, obj: OutboxMessage) -> str:
+        return _header_table(obj.headers)
+
+    def has_redeliver_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm("django_idempotency.change_outboxmessage"))
+
+    @admin.action(
+        description=_("Redeliver the selected messages, with the same message ids"),
+        permissions=["redeliver"],
+    )
+    def redeliver(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
+        selected = {message.pk: message for message in queryset}
+        redelivered = redeliver(OutboxMessage.objects.filter(pk__in=selected))
+        for pk in redelivered:
+            self.log_change(request, selected[pk], _("Redelivered"))
+        self.message_user(
+            request,
+            _("Redelivered %(count)d of the %(selected)d selected messages.")
+            % {"count": len(redelivered), "selected": len(selected)},
             messages.SUCCESS,
         )

@@ -29,3 +29,24 @@ def full_jitter(
 ) -> float:
     """A delay drawn uniformly between zero and the exponential bound of ``attempt``."""
     return random() * exponential_bound(attempt, base, cap)
+
+
+def equal_jitter(
+    attempt: int, base: float, cap: float, random: Callable[[], float] = random.random
+) -> float:
+    """Return a delay drawn uniformly between half the exponential bound of ``attempt`` and it."""
+    bound = exponential_bound(attempt, base, cap)
+    return bound / 2 + random() * bound / 2
+
+
+def decorrelated_jitter(
+    previous: float, base: float, cap: float, random: Callable[[], float] = random.random
+) -> float:
+    """Return a delay drawn uniformly between ``base`` and three times ``previous``, capped.
+
+    Start with ``previous = base`` and pass each result back in as the next ``previous``.
+    """
+    # The AWS post's "decorrelated jitter": a delay grows from the last one drawn, not from the
+    # attempt number. ``max`` keeps the range ordered if ``previous`` starts below ``base``.
+    upper = max(base, 3 * previous)
+    return min(cap, base + random() * (upper - base))

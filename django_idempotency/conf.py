@@ -56,12 +56,22 @@ DEFAULTS: dict[str, Any] = {
     "INBOX_RETRY_MAX_DELAY": timedelta(hours=6),
     # How long processed events are kept before the purge deletes them.
     "INBOX_RETENTION": timedelta(days=30),
+    # Transactional outbox: "inline" relays the messages a transaction published right after it
+    # commits, in the same process; "celery" asks a Celery worker to.
+    "OUTBOX_RUNNER": "inline",
+    # Dispatch attempts before a message is dead and waits for a person.
+    "OUTBOX_MAX_ATTEMPTS": 10,
+    # Retry delay bound after the first failed dispatch, doubled each attempt (full jitter).
+    "OUTBOX_RETRY_DELAY": timedelta(seconds=30),
+    "OUTBOX_RETRY_MAX_DELAY": timedelta(hours=6),
+    # How long dispatched messages are kept before the purge deletes them.
+    "OUTBOX_RETENTION": timedelta(days=7),
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 AnonymousPolicy = Literal["shared", "reject"]
 Mode = Literal["atomic", "lease"]
-InboxRunner = Literal["inline", "celery"]
+Runner = Literal["inline", "celery"]
 
 
 @cache
@@ -178,7 +188,7 @@ def _mode(value: Any) -> str | None:
     return None if value in ("atomic", "lease") else "must be 'atomic' or 'lease'"
 
 
-def _inbox_runner(value: Any) -> str | None:
+def _runner(value: Any) -> str | None:
     return None if value in ("inline", "celery") else "must be 'inline' or 'celery'"
 
 
@@ -201,11 +211,16 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "MODE": ("django_idempotency.E014", _mode),
     "LEASE_TIMEOUT": ("django_idempotency.E015", _ttl),
     "CACHE": ("django_idempotency.E016", _cache),
-    "INBOX_RUNNER": ("django_idempotency.E017", _inbox_runner),
+    "INBOX_RUNNER": ("django_idempotency.E017", _runner),
     "INBOX_MAX_ATTEMPTS": ("django_idempotency.E018", _positive_int),
     "INBOX_RETRY_DELAY": ("django_idempotency.E019", _ttl),
     "INBOX_RETRY_MAX_DELAY": ("django_idempotency.E020", _ttl),
     "INBOX_RETENTION": ("django_idempotency.E021", _ttl),
+    "OUTBOX_RUNNER": ("django_idempotency.E022", _runner),
+    "OUTBOX_MAX_ATTEMPTS": ("django_idempotency.E023", _positive_int),
+    "OUTBOX_RETRY_DELAY": ("django_idempotency.E024", _ttl),
+    "OUTBOX_RETRY_MAX_DELAY": ("django_idempotency.E025", _ttl),
+    "OUTBOX_RETENTION": ("django_idempotency.E026", _ttl),
 }
 
 
@@ -278,7 +293,7 @@ class IdempotencySettings:
         return as_timedelta(self.get("LEASE_TIMEOUT"), "IDEMPOTENCY['LEASE_TIMEOUT']")
 
     @property
-    def INBOX_RUNNER(self) -> InboxRunner:
+    def INBOX_RUNNER(self) -> Runner:
         return self.get("INBOX_RUNNER")  # type: ignore[no-any-return]
 
     @property
@@ -298,6 +313,28 @@ class IdempotencySettings:
     @property
     def INBOX_RETENTION(self) -> timedelta:
         return as_timedelta(self.get("INBOX_RETENTION"), "IDEMPOTENCY['INBOX_RETENTION']")
+
+    @property
+    def OUTBOX_RUNNER(self) -> Runner:
+        return self.get("OUTBOX_RUNNER")  # type: ignore[no-any-return]
+
+    @property
+    def OUTBOX_MAX_ATTEMPTS(self) -> int:
+        return int(self.get("OUTBOX_MAX_ATTEMPTS"))
+
+    @property
+    def OUTBOX_RETRY_DELAY(self) -> timedelta:
+        return as_timedelta(self.get("OUTBOX_RETRY_DELAY"), "IDEMPOTENCY['OUTBOX_RETRY_DELAY']")
+
+    @property
+    def OUTBOX_RETRY_MAX_DELAY(self) -> timedelta:
+        return as_timedelta(
+            self.get("OUTBOX_RETRY_MAX_DELAY"), "IDEMPOTENCY['OUTBOX_RETRY_MAX_DELAY']"
+        )
+
+    @property
+    def OUTBOX_RETENTION(self) -> timedelta:
+        return as_timedelta(self.get("OUTBOX_RETENTION"), "IDEMPOTENCY['OUTBOX_RETENTION']")
 
 
 idempotency_settings = IdempotencySettings()

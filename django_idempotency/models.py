@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -246,6 +247,46 @@ class IdempotencyKey(models.Model):
         return f"{self.key} ({self.method} {self.route})"
 
 
+def _purge_batches(
+    model: type[models.Model],
+    *,
+    done_at: str,
+    status: str,
+    older_than: datetime,
+    batch_size: int,
+    max_seconds: float | None,
+) -> int:
+    """Delete the rows in ``status`` whose ``done_at`` is before ``older_than``, in batches."""
+    connection = connections[router.db_for_write(model)]
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    pk, status_column, done = (quote(name) for name in ("id", "status", done_at))
+    pick = f"SELECT {pk} FROM {table} WHERE {status_column} = %s AND {done} < %s "  # noqa: S608
+    pick += f"ORDER BY {done} LIMIT %s"
+    if connection.vendor == "postgresql":
+        pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
+    # Our own DELETE, not QuerySet.delete(): see _delete_batch().
+    delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
+    cutoff = model._meta.get_field(done_at).get_db_prep_value(older_than, connection)  # type: ignore[union-attr] # a concrete field
+    started = time.monotonic()
+    deleted = 0
+    while max_seconds is None or time.monotonic() - started < max_seconds:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(delete, [status, cutoff, batch_size])
+            count = int(cursor.rowcount)
+        deleted += count
+        if count < batch_size:
+            break
+    logger.info(
+        "purged %d %s %s",
+        deleted,
+        status,
+        model._meta.verbose_name_plural,
+        extra={"idempotency_purged": deleted},
+    )
+    return deleted
+
+
 class InboxEventQuerySet(models.QuerySet["InboxEvent"]):
     def purge_processed(
         self, *, older_than: datetime, batch_size: int = 1_000, max_seconds: float | None = None
@@ -256,33 +297,14 @@ class InboxEventQuerySet(models.QuerySet["InboxEvent"]):
         deleted: a failed or dead event stays until a person deals with it. Safe in several
         processes at once.
         """
-        connection = connections[router.db_for_write(self.model)]
-        table = connection.ops.quote_name(self.model._meta.db_table)
-        pk, status, processed_at = (
-            connection.ops.quote_name(name) for name in ("id", "status", "processed_at")
+        return _purge_batches(
+            self.model,
+            done_at="processed_at",
+            status="processed",
+            older_than=older_than,
+            batch_size=batch_size,
+            max_seconds=max_seconds,
         )
-        pick = f"SELECT {pk} FROM {table} WHERE {status} = %s AND {processed_at} < %s "  # noqa: S608
-        pick += f"ORDER BY {processed_at} LIMIT %s"
-        if connection.vendor == "postgresql":
-            pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
-        # Our own DELETE, not QuerySet.delete(): see _delete_batch().
-        delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
-        cutoff = self.model._meta.get_field("processed_at").get_db_prep_value(
-            older_than, connection
-        )
-        started = time.monotonic()
-        deleted = 0
-        while max_seconds is None or time.monotonic() - started < max_seconds:
-            with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-                cursor.execute(delete, [InboxEvent.Status.PROCESSED, cutoff, batch_size])
-                count = int(cursor.rowcount)
-            deleted += count
-            if count < batch_size:
-                break
-        logger.info(
-            "purged %d processed inbox events", deleted, extra={"idempotency_purged": deleted}
-        )
-        return deleted
 
 
 class InboxEvent(models.Model):
@@ -365,3 +387,94 @@ class InboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.event_id}"
+
+
+class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
+    def purge_dispatched(
+        self, *, older_than: datetime, batch_size: int = 1_000, max_seconds: float | None = None
+    ) -> int:
+        """Delete messages dispatched before ``older_than``, in batches; return how many.
+
+        Only dispatched messages are deleted: a message that was never sent stays, however old.
+        Call it outside a transaction. Safe in several processes at once.
+        """
+        return _purge_batches(
+            self.model,
+            done_at="dispatched_at",
+            status="dispatched",
+            older_than=older_than,
+            batch_size=batch_size,
+            max_seconds=max_seconds,
+        )
+
+
+class OutboxMessage(models.Model):
+    """A message published in a transaction, waiting to be dispatched once that commits."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", _("pending")
+        DISPATCHED = "dispatched", _("dispatched")
+        DEAD = "dead", _("dead")
+
+    # An outbox churns fast: a 32-bit key would run out.
+    id = models.BigAutoField(primary_key=True)
+    message_id = models.UUIDField(
+        _("message id"),
+        unique=True,
+        default=uuid.uuid4,
+        editable=False,
+        help_text=_("Sent with every delivery of the message, so that its consumer can dedupe."),
+    )
+    topic = models.CharField(
+        _("topic"), max_length=255, help_text=_("What the message is about; picks its dispatcher.")
+    )
+    payload = models.JSONField(_("payload"))
+    headers = models.JSONField(_("headers"), default=dict, blank=True)
+    ordering_key = models.CharField(
+        _("ordering key"),
+        max_length=255,
+        blank=True,
+        default="",
+        help_text=_("Messages with the same key are dispatched one at a time, oldest first."),
+    )
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.PENDING
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    next_attempt_at = models.DateTimeField(
+        _("next attempt at"),
+        null=True,
+        blank=True,
+        help_text=_("When the message is due for dispatch; empty once dispatched or dead."),
+    )
+    dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
+    last_error = models.TextField(_("last error"), blank=True)
+
+    objects = OutboxMessageQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        indexes = [
+            # The relay's claim reads only pending messages, oldest due first.
+            models.Index(
+                fields=["next_attempt_at", "id"],
+                name="idempotency_outbox_due_idx",
+                condition=models.Q(status="pending"),
+            ),
+            # "Is an older message with this key still pending?", asked for each candidate.
+            models.Index(
+                fields=["ordering_key", "id"],
+                name="idempotency_outbox_order_idx",
+                condition=models.Q(status="pending") & ~models.Q(ordering_key=""),
+            ),
+            models.Index(
+                fields=["dispatched_at"],
+                name="idempotency_outbox_done_idx",
+                condition=models.Q(status="dispatched"),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} {self.message_id}"

@@ -9,7 +9,7 @@ from celery import shared_task
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.models import IdempotencyKey, InboxEvent
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 
 
 @shared_task(name="django_idempotency.purge_expired_keys", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
@@ -58,3 +58,18 @@ def purge_processed_inbox_events(max_seconds: float | None = 240.0) -> int:
     """Delete processed inbox events older than ``INBOX_RETENTION``; return how many."""
     older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
     return InboxEvent.objects.purge_processed(older_than=older_than, max_seconds=max_seconds)
+
+
+@shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+def relay_outbox(batch_size: int = 50, max_seconds: float | None = 240.0) -> int:
+    """Dispatch the outbox's due messages; return how many were dispatched."""
+    from django_idempotency.outbox.relaying import relay  # noqa: PLC0415 - see above
+
+    return relay(batch_size=batch_size, max_seconds=max_seconds).dispatched
+
+
+@shared_task(name="django_idempotency.purge_dispatched_outbox_messages", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+def purge_dispatched_outbox_messages(max_seconds: float | None = 240.0) -> int:
+    """Delete dispatched outbox messages older than ``OUTBOX_RETENTION``; return how many."""
+    older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
+    return OutboxMessage.objects.purge_dispatched(older_than=older_than, max_seconds=max_seconds)

@@ -9,9 +9,12 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey, InboxEvent
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from django_idempotency.outbox import publish
+from django_idempotency.outbox import relaying as outbox_relaying
 from tests.factories import UserFactory
 from tests.inbox import deliver, refund_event
+from tests.testapp import outbox as test_outbox
 from tests.testapp.models import Refund
 
 pytestmark = pytest.mark.django_db
@@ -273,3 +276,77 @@ def test_a_user_who_may_only_view_inbox_events_sees_no_actions(client, events):
     assert response.context["action_form"] is None
     client.post(INBOX, {"action": "reprocess", "_selected_action": [events["evt_dead"].pk]})
     assert InboxEvent.objects.get(event_id="evt_dead").status == "dead"
+
+
+# Outbox messages.
+
+OUTBOX = "/admin/django_idempotency/outboxmessage/"
+
+
+@pytest.fixture
+def outbox_messages(monkeypatch):
+    """A dispatched message and a dead one."""
+    monkeypatch.setattr(outbox_relaying, "trigger", lambda: None)
+    sent = publish("tests.recorded", {"amount": 42}, headers={"X-Tenant": "acme"})
+    dead = publish("tests.failing", {"fail_times": "always"})
+    OutboxMessage.objects.filter(pk=sent.pk).update(status="dispatched", next_attempt_at=None)
+    OutboxMessage.objects.filter(pk=dead.pk).update(
+        status="dead", next_attempt_at=None, attempts=10, last_error="ConnectionError: down"
+    )
+    monkeypatch.undo()
+    return {"sent": sent, "dead": dead}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_outbox_changelist_filters_and_searches_by_exact_message_id(
+    admin_client, outbox_messages
+):
+    def shown(**params):
+        result = admin_client.get(OUTBOX, params).context["cl"].result_list
+        return sorted(message.topic for message in result)
+
+    assert shown() == ["tests.failing", "tests.recorded"]
+    assert shown(status__exact="dead") == ["tests.failing"]
+    assert shown(q=str(outbox_messages["sent"].message_id)) == ["tests.recorded"]
+    assert shown(q="not-a-uuid") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_outbox_detail_page_shows_the_payload_headers_and_error(admin_client, outbox_messages):
+    sent = admin_client.get(f"{OUTBOX}{outbox_messages['sent'].pk}/change/").content.decode()
+    dead = admin_client.get(f"{OUTBOX}{outbox_messages['dead'].pk}/change/").content.decode()
+
+    assert "&quot;amount&quot;: 42" in sent
+    assert "<th>X-Tenant</th><td>acme</td>" in sent
+    assert 'name="_save"' not in sent
+    assert "ConnectionError: down" in dead
+    assert admin_client.get(f"{OUTBOX}add/").status_code == 403
+    assert admin_client.get(f"{OUTBOX}{outbox_messages['dead'].pk}/delete/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_redeliver_sends_a_dead_message_again_with_its_id_and_logs_it(
+    admin_client, outbox_messages
+):
+    dead = outbox_messages["dead"]
+    OutboxMessage.objects.filter(pk=dead.pk).update(payload={})  # the consumer is back
+
+    response = admin_client.post(
+        OUTBOX, {"action": "redeliver", "_selected_action": [dead.pk]}, follow=True
+    )
+
+    assert "Redelivered 1 of the 1 selected messages." in response.content.decode()
+    dead.refresh_from_db()
+    assert (dead.status, dead.attempts) == ("dispatched", 1)
+    assert test_outbox.RECORDED[-1] == str(dead.message_id)
+    log = LogEntry.objects.get(object_id=str(dead.pk))
+    assert (log.action_flag, log.change_message) == (CHANGE, "Redelivered")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_user_who_may_only_view_outbox_messages_sees_no_actions(client, outbox_messages):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_outboxmessage"))
+    client.force_login(viewer)
+
+    assert client.get(OUTBOX).context["action_form"] is None

@@ -9,4 +9,5 @@ class TestAppConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from tests.testapp import webhooks  # noqa: F401, PLC0415 - registers the inbox handlers
+        # Register the inbox handlers and outbox dispatchers.
+        from tests.testapp import outbox, webhooks  # noqa: F401, PLC0415

@@ -38,4 +38,5 @@ urlpatterns = [
     path("webhooks/small/", webhooks.SmallWebhook.as_view()),
     path("webhooks/stripe/", webhooks.StripeWebhook.as_view()),
     path("webhooks/github/", webhooks.GitHubWebhook.as_view()),
+    path("webhooks/outbox/", webhooks.OutboxWebhook.as_view()),
 ]

@@ -35,6 +35,13 @@ class StripeWebhook(WebhookReceiverView):
     verifier = StripeSignature(secrets)
 
 
+class OutboxWebhook(WebhookReceiverView):
+    """Where the outbox's webhook dispatcher delivers, in the tests."""
+
+    source = "outbox"
+    verifier = StandardWebhooksSignature(secrets)
+
+
 class GitHubWebhook(WebhookReceiverView):
     source = "github"
     verifier = GitHubSignature(secrets)

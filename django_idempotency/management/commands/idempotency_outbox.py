@@ -1,0 +1,57 @@
+"""``manage.py idempotency_outbox``: relay the outbox, for users without Celery."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import close_old_connections
+from django.utils import timezone
+
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.models import OutboxMessage
+from django_idempotency.outbox.relaying import relay
+
+
+class Command(BaseCommand):
+    help = (
+        "Dispatch the outbox's due messages, then delete dispatched messages older than "
+        "OUTBOX_RETENTION. With --forever, keep relaying."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--batch-size", type=int, default=50, help="Messages per batch.")
+        parser.add_argument(
+            "--forever",
+            action="store_true",
+            help="Keep relaying, every --interval seconds, until stopped.",
+        )
+        parser.add_argument(
+            "--interval", type=float, default=1.0, help="With --forever: seconds between runs."
+        )
+        parser.add_argument("--no-purge", action="store_true", help="Do not delete old messages.")
+
+    def handle(
+        self,
+        *args: Any,
+        batch_size: int,
+        forever: bool,
+        interval: float,
+        no_purge: bool,
+        **options: Any,
+    ) -> None:
+        while True:
+            result = relay(batch_size=batch_size)
+            self.stdout.write(
+                f"Dispatched {result.dispatched} outbox messages"
+                f" ({result.failed} to retry, {result.dead} dead)."
+            )
+            if not no_purge:
+                older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
+                purged = OutboxMessage.objects.purge_dispatched(older_than=older_than)
+                self.stdout.write(f"Purged {purged} dispatched outbox messages.")
+            if not forever:
+                return
+            close_old_connections()
+            time.sleep(interval)

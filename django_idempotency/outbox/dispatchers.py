@@ -1,0 +1,163 @@
+"""How a message leaves: one dispatcher per topic.
+
+A dispatcher is any callable that takes the ``OutboxMessage`` and returns once the message is
+delivered; it raises to fail the attempt, which is then retried. It may be called more than once
+for a message (at-least-once delivery): every call carries the same ``message_id``, which the
+consumer dedupes on.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import TYPE_CHECKING, Any
+
+from django.core.exceptions import ImproperlyConfigured
+from django.core.serializers.json import DjangoJSONEncoder
+
+from django_idempotency.inbox.verifiers import StandardWebhooksSignature
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    import httpx
+
+    from django_idempotency.client import RetryPolicy
+    from django_idempotency.models import OutboxMessage
+
+    Dispatcher = Callable[[OutboxMessage], object]
+    Secrets = str | bytes | Sequence[str | bytes]
+
+#: Registers a dispatcher for every topic that has none of its own.
+ANY_TOPIC = "*"
+
+_registry: dict[str, Dispatcher] = {}
+
+
+class DispatchError(Exception):
+    """The consumer did not accept the message; the attempt is retried."""
+
+
+def register_dispatcher(topic: str, dispatcher: Dispatcher) -> None:
+    """Dispatch the messages of ``topic`` (or of ``ANY_TOPIC``) with ``dispatcher``."""
+    current = _registry.get(topic)
+    if current is not None and current is not dispatcher:
+        msg = f"Topic {topic!r} has a dispatcher already: {current!r}."
+        raise ImproperlyConfigured(msg)
+    _registry[topic] = dispatcher
+
+
+def outbox_dispatcher(*topics: str) -> Callable[[Dispatcher], Dispatcher]:
+    """Register the decorated function as the dispatcher of ``topics``."""
+    if not topics:
+        msg = "outbox_dispatcher() needs the topics it dispatches, or ANY_TOPIC."
+        raise TypeError(msg)
+
+    def register(dispatcher: Dispatcher) -> Dispatcher:
+        for topic in topics:
+            register_dispatcher(topic, dispatcher)
+        return dispatcher
+
+    return register
+
+
+def get_dispatcher(topic: str) -> Dispatcher | None:
+    """The dispatcher of ``topic``'s messages, if one is registered."""
+    return _registry.get(topic) or _registry.get(ANY_TOPIC)
+
+
+def unregister(*topics: str) -> None:
+    """Forget the dispatchers of ``topics``: for tests."""
+    for topic in topics:
+        _registry.pop(topic, None)
+
+
+def envelope(message: OutboxMessage) -> dict[str, Any]:
+    """The body a message is sent as: the shape the inbox's receiver reads by default."""
+    return {
+        "id": str(message.message_id),
+        "type": message.topic,
+        "created": message.created_at.isoformat(),
+        "data": message.payload,
+    }
+
+
+class WebhookDispatcher:
+    """POST each message to ``url`` as JSON, signed the Standard Webhooks way.
+
+    The message id goes in the body's ``id``, the ``webhook-id`` header and the
+    ``Idempotency-Key`` header, so the consumer can dedupe each way. A 2xx answer delivers the
+    message. Needs httpx and the ``client`` extra: short network failures are retried at once by
+    the retry client, longer ones by the outbox's schedule.
+    """
+
+    def __init__(
+        self,
+        url: str | Callable[[], str],
+        secrets: Secrets | Callable[[], Secrets],
+        *,
+        timeout: float = 10.0,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        self.url = url
+        self.signer = StandardWebhooksSignature(secrets)
+        self.timeout = timeout
+        self.policy = policy
+        self._local = threading.local()
+
+    def __repr__(self) -> str:
+        return f"WebhookDispatcher({self.url!r})"
+
+    def __call__(self, message: OutboxMessage) -> None:
+        body = json.dumps(envelope(message), cls=DjangoJSONEncoder).encode()
+        message_id = str(message.message_id)
+        headers = {
+            **message.headers,
+            "Content-Type": "application/json",
+            "Idempotency-Key": message_id,
+            **self.signer.sign(body, msg_id=message_id),
+        }
+        url = self.url() if callable(self.url) else self.url
+        response = self.client.post(url, content=body, headers=headers)
+        if not response.is_success:
+            msg = f"{url} answered {response.status_code}"
+            raise DispatchError(msg)
+
+    @property
+    def client(self) -> httpx.Client:
+        # One client per thread: its connections are reused from one message to the next.
+        client: httpx.Client | None = getattr(self._local, "client", None)
+        if client is None:
+            import httpx  # noqa: PLC0415 - an optional dependency
+
+            from django_idempotency.client import RetryPolicy, RetryTransport  # noqa: PLC0415
+
+            transport = RetryTransport(policy=self.policy or RetryPolicy())
+            client = httpx.Client(transport=transport, timeout=self.timeout)
+            self._local.client = client
+        return client
+
+
+class CeleryTaskDispatcher:
+    """Send each message's payload to the Celery task ``task_name``.
+
+    The task receives ``payload`` and ``message_id`` as keyword arguments; the message id is
+    also the task id. Celery delivers at least once too: make the task dedupe on it.
+    """
+
+    def __init__(self, task_name: str, *, queue: str | None = None) -> None:
+        self.task_name = task_name
+        self.queue = queue
+
+    def __repr__(self) -> str:
+        return f"CeleryTaskDispatcher({self.task_name!r})"
+
+    def __call__(self, message: OutboxMessage) -> None:
+        from celery import current_app  # noqa: PLC0415 - Celery is optional
+
+        current_app.send_task(
+            self.task_name,
+            kwargs={"payload": message.payload, "message_id": str(message.message_id)},
+            task_id=str(message.message_id),
+            queue=self.queue,
+        )

@@ -1,0 +1,1022 @@
+"""The retrying client against a real loopback server that fails on cue.
+
+Each test scripts the server's answers (503s, 429s with Retry-After, resets, a slow answer, then
+200) and asserts what reached the server. Sleeps go to a fake clock, so no test waits for a
+backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import importlib.util
+import logging
+import random
+import socket
+import struct
+import sys
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import httpx
+import pytest
+import requests
+from requests.adapters import HTTPAdapter
+
+from django_idempotency import client
+from django_idempotency.backoff import exponential_bound
+from django_idempotency.client import (
+    RETRYABLE_STATUSES,
+    AsyncRetryTransport,
+    RetryAdapter,
+    RetryBudget,
+    RetryBudgets,
+    RetryPolicy,
+    RetryTransport,
+    retrying_async_client,
+    retrying_client,
+    retrying_session,
+)
+
+KINDS = ["httpx", "async", "requests"]
+WALL = 1_700_000_000.0  # the wall clock's fixed "now", for HTTP-date Retry-After values
+BIG = 100 * 1024  # a body longer than the client drains
+
+
+# --- the server -------------------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    connection: tuple[str, int]
+
+
+def answer(status, headers=None, body=b"", advance=0.0):
+    """Answer ``status``; ``advance`` moves the fake clock, as a slow server would."""
+
+    def act(handler):
+        handler.server.time.now += advance
+        handler.send_response(status)
+        for name, value in (headers or {}).items():
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(body)
+
+    return act
+
+
+def reset(handler):
+    """Close the connection with a TCP reset, without answering."""
+    handler.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    handler.close_connection = True
+    handler.connection.close()
+
+
+def drop(handler):
+    """Close the connection cleanly, without answering."""
+    handler.close_connection = True
+
+
+def slow(handler):
+    """Answer 200, but only after the client's timeout has passed."""
+    handler.server.release.wait(5)
+    answer(200, body=b"late")(handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    timeout = 10  # a keep-alive connection left open does not hold its thread forever
+
+    def serve(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            body = self._read_chunked()
+        else:
+            body = self.rfile.read(length)
+        server = self.server
+        server.seen.append(
+            Seen(
+                method=self.command,
+                path=self.path,
+                headers={name.lower(): value for name, value in self.headers.items()},
+                body=body,
+                connection=self.client_address,
+            )
+        )
+        action = server.script.popleft() if server.script else answer(200, body=b"ok")
+        action(self)
+
+    def _read_chunked(self):
+        body = b""
+        while size := int(self.rfile.readline().strip(), 16):
+            body += self.rfile.read(size)
+            self.rfile.readline()
+        self.rfile.readline()
+        return body
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_PURGE = serve
+
+    def log_message(self, format, *args):
+        pass
+
+
+class FlakyServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, time):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.time = time
+        self.script = deque()
+        self.seen = []
+        self.release = threading.Event()
+
+    def handle_error(self, request, client_address):
+        # The client gave up on a slow answer or a reset connection: expected, not a failure.
+        pass
+
+    def url(self, path="/thing"):
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}{path}"
+
+    @property
+    def host(self):
+        host, port = self.server_address[:2]
+        return f"{host}:{port}"
+
+
+@dataclass
+class FakeTime:
+    now: float = 1000.0
+    sleeps: list[float] = field(default_factory=list)
+
+    def clock(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    async def async_sleep(self, seconds):
+        self.sleep(seconds)
+
+
+@pytest.fixture
+def fake():
+    return FakeTime()
+
+
+@pytest.fixture
+def server(fake):
+    httpd = FlakyServer(fake)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.01})
+    thread.start()
+    yield httpd
+    httpd.release.set()
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+def make_policy(fake, **overrides):
+    settings = {
+        "base_delay": 0.1,
+        "max_delay": 10.0,
+        "budget": RetryBudgets(clock=fake.clock),
+        "clock": fake.clock,
+        "wall_clock": lambda: WALL,
+        "sleep": fake.sleep,
+        "async_sleep": fake.async_sleep,
+        "random": lambda: 0.5,
+    }
+    return RetryPolicy(**{**settings, **overrides})
+
+
+# --- the three clients ------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    status: int
+    body: bytes
+
+
+def call(kind, policy, method, url, *, headers=None, content=None, timeout=5.0):
+    """Send one request through the retrying client ``kind``; return its final response."""
+    if kind == "httpx":
+        with httpx.Client(transport=RetryTransport(policy=policy), timeout=timeout) as session:
+            response = session.request(method, url, headers=headers, content=content)
+            return Result(response.status_code, response.content)
+    if kind == "async":
+
+        async def main():
+            transport = AsyncRetryTransport(policy=policy)
+            async with httpx.AsyncClient(transport=transport, timeout=timeout) as session:
+                response = await session.request(method, url, headers=headers, content=content)
+                return Result(response.status_code, response.content)
+
+        return asyncio.run(main())
+    with requests.Session() as session:
+        session.mount("http://", RetryAdapter(policy))
+        response = session.request(method, url, headers=headers, data=content, timeout=timeout)
+        return Result(response.status_code, response.content)
+
+
+TRANSPORT_ERRORS = {
+    "httpx": httpx.TransportError,
+    "async": httpx.TransportError,
+    "requests": requests.ConnectionError,
+}
+
+
+# --- what is retried --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_503s_are_retried_until_the_200(kind, server, fake):
+    server.script.extend([answer(503), answer(503, body=b"busy")])
+
+    result = call(kind, make_policy(fake), "GET", server.url())
+
+    assert (result.status, result.body) == (200, b"ok")
+    assert [seen.method for seen in server.seen] == ["GET"] * 3
+    assert fake.sleeps == pytest.approx([0.05, 0.1])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_when_attempts_run_out_the_last_response_is_returned(kind, server, fake):
+    server.script.extend([answer(503, body=f"try {n}".encode()) for n in range(1, 10)])
+
+    result = call(kind, make_policy(fake, max_attempts=4), "GET", server.url())
+
+    assert (result.status, result.body) == (503, b"try 4")
+    assert len(server.seen) == 4
+    assert len(fake.sleeps) == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("status", [408, 425, 429, 500, 502, 504, 599])
+def test_every_retryable_status_is_retried(kind, status, server, fake):
+    server.script.append(answer(status))
+
+    assert call(kind, make_policy(fake), "GET", server.url()).status == 200
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("status", [400, 401, 404, 409, 422, 501, 505])
+def test_other_client_errors_and_permanent_server_errors_are_not_retried(
+    kind, status, server, fake
+):
+    server.script.append(answer(status, body=b"no"))
+
+    result = call(kind, make_policy(fake), "GET", server.url())
+
+    assert (result.status, result.body) == (status, b"no")
+    assert len(server.seen) == 1
+    assert fake.sleeps == []
+
+
+def test_the_retryable_statuses():
+    assert {408, 425, 429, 500, 502, 503, 504, 599} <= RETRYABLE_STATUSES
+    assert not {200, 301, 400, 404, 409, 422, 501, 505} & RETRYABLE_STATUSES
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("failure", [reset, drop], ids=["reset", "drop"])
+def test_a_connection_closed_without_an_answer_is_retried(kind, failure, server, fake):
+    server.script.append(failure)
+
+    result = call(kind, make_policy(fake), "GET", server.url())
+
+    assert (result.status, result.body) == (200, b"ok")
+    assert len(server.seen) == 2
+    assert len(fake.sleeps) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_timeout_is_retried(kind, server, fake):
+    server.script.append(slow)
+
+    result = call(kind, make_policy(fake), "GET", server.url(), timeout=0.3)
+
+    assert (result.status, result.body) == (200, b"ok")
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_when_attempts_run_out_the_last_error_is_raised(kind, server, fake):
+    server.script.extend([reset, drop, reset, drop])
+
+    with pytest.raises(TRANSPORT_ERRORS[kind]):
+        call(kind, make_policy(fake, max_attempts=3), "GET", server.url())
+
+    assert len(server.seen) == 3
+    assert len(fake.sleeps) == 2
+
+
+# --- methods and keys -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_a_request_without_a_key_gets_one_and_every_retry_repeats_it(kind, method, server, fake):
+    server.script.extend([answer(503), reset, answer(429)])
+
+    result = call(kind, make_policy(fake), method, server.url(), content=b'{"amount": 5}')
+
+    assert result.status == 200
+    assert [seen.method for seen in server.seen] == [method] * 4
+    keys = {seen.headers["idempotency-key"] for seen in server.seen}
+    assert len(keys) == 1
+    assert uuid.UUID(keys.pop()).version == 4
+    assert {seen.body for seen in server.seen} == {b'{"amount": 5}'}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_logical_request_gets_its_own_key(kind, server, fake):
+    server.script.extend([answer(503), answer(200), answer(503), answer(200)])
+    policy = make_policy(fake)
+
+    call(kind, policy, "POST", server.url(), content=b"a")
+    call(kind, policy, "POST", server.url(), content=b"b")
+
+    keys = [seen.headers["idempotency-key"] for seen in server.seen]
+    assert keys[0] == keys[1] != keys[2] == keys[3]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_key_the_caller_sent_is_kept(kind, server, fake):
+    server.script.append(answer(503))
+    policy = make_policy(fake, key_header="X-Request-Key")
+
+    call(kind, policy, "POST", server.url(), headers={"X-Request-Key": "order-7"}, content=b"a")
+
+    assert [seen.headers["x-request-key"] for seen in server.seen] == ["order-7"] * 2
+    assert all("idempotency-key" not in seen.headers for seen in server.seen)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_without_add_keys_a_request_without_a_key_is_not_retried(kind, method, server, fake):
+    server.script.extend([answer(503), reset])
+
+    result = call(kind, make_policy(fake, add_keys=False), method, server.url(), content=b"a")
+
+    assert result.status == 503
+    assert len(server.seen) == 1
+    assert "idempotency-key" not in server.seen[0].headers
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_add_keys_a_request_with_a_key_is_retried(kind, server, fake):
+    server.script.append(answer(503))
+    headers = {"Idempotency-Key": "k-1"}
+
+    call(kind, make_policy(fake, add_keys=False), "POST", server.url(), headers=headers)
+
+    assert [seen.headers["idempotency-key"] for seen in server.seen] == ["k-1", "k-1"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "PUT", "DELETE"])
+def test_idempotent_methods_are_retried_without_a_key(kind, method, server, fake):
+    server.script.extend([answer(503), reset])
+    content = b"replace" if method == "PUT" else None
+
+    result = call(kind, make_policy(fake), method, server.url(), content=content)
+
+    assert result.status == 200
+    assert [seen.method for seen in server.seen] == [method] * 3
+    assert all("idempotency-key" not in seen.headers for seen in server.seen)
+    if method == "PUT":
+        assert [seen.body for seen in server.seen] == [b"replace"] * 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_method_of_unknown_semantics_is_not_retried(kind, server, fake):
+    server.script.append(answer(503))
+
+    assert call(kind, make_policy(fake), "PURGE", server.url()).status == 503
+    assert len(server.seen) == 1
+
+
+def test_httpx_reads_a_streamed_body_so_that_a_retry_sends_it_again(server, fake):
+    server.script.append(answer(503))
+
+    def chunks():
+        yield b"part one, "
+        yield b"part two"
+
+    with retrying_client(make_policy(fake)) as session:
+        response = session.put(server.url(), content=chunks())
+
+    assert response.status_code == 200
+    assert [seen.body for seen in server.seen] == [b"part one, part two"] * 2
+
+
+def test_async_httpx_reads_a_streamed_body_so_that_a_retry_sends_it_again(server, fake):
+    server.script.append(answer(503))
+
+    async def chunks():
+        yield b"part one, "
+        yield b"part two"
+
+    async def main():
+        async with retrying_async_client(make_policy(fake)) as session:
+            return await session.put(server.url(), content=chunks())
+
+    assert asyncio.run(main()).status_code == 200
+    assert [seen.body for seen in server.seen] == [b"part one, part two"] * 2
+
+
+def test_requests_sends_a_streamed_body_once(server, fake):
+    server.script.append(answer(503))
+
+    with retrying_session(make_policy(fake)) as session:
+        response = session.put(server.url(), data=iter([b"part one, ", b"part two"]))
+
+    assert response.status_code == 503
+    assert [seen.body for seen in server.seen] == [b"part one, part two"]
+
+
+# --- delays -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    ("jitter", "expected"),
+    [
+        ("full", [0.05, 0.1, 0.2, 0.4]),
+        ("equal", [0.075, 0.15, 0.3, 0.6]),
+        # From previous = base = 0.1: 0.1 + 0.5 * (3 * previous - 0.1).
+        ("decorrelated", [0.2, 0.35, 0.575, 0.9125]),
+    ],
+)
+def test_each_jitter_draws_its_own_delays(kind, jitter, expected, server, fake):
+    server.script.extend([answer(503)] * 4)
+
+    call(kind, make_policy(fake, jitter=jitter, max_attempts=5), "GET", server.url())
+
+    assert fake.sleeps == pytest.approx(expected)
+    assert len(server.seen) == 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("jitter", ["full", "equal", "decorrelated"])
+def test_random_delays_stay_within_their_jitters_bounds(kind, jitter, server, fake):
+    attempts = 8
+    server.script.extend([answer(503)] * attempts)
+    policy = make_policy(
+        fake,
+        jitter=jitter,
+        max_attempts=attempts,
+        base_delay=0.5,
+        max_delay=6.0,
+        random=random.Random(7).random,  # noqa: S311 - a seeded draw, not a secret
+    )
+
+    call(kind, policy, "GET", server.url())
+
+    assert len(fake.sleeps) == attempts - 1
+    previous = 0.5
+    for attempt, delay in enumerate(fake.sleeps, start=1):
+        bound = exponential_bound(attempt, 0.5, 6.0)
+        if jitter == "full":
+            assert 0 <= delay <= bound
+        elif jitter == "equal":
+            assert bound / 2 <= delay <= bound
+        else:
+            assert 0.5 <= delay <= min(6.0, 3 * previous)
+            previous = delay
+    assert max(fake.sleeps) <= 6.0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_after_in_seconds_is_the_least_wait(kind, server, fake):
+    server.script.append(answer(429, {"Retry-After": "2"}))
+
+    assert call(kind, make_policy(fake), "GET", server.url()).status == 200
+    assert fake.sleeps == [2.0]
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_retry_after_as_an_http_date(kind, server, fake):
+    server.script.append(
+        answer(503, {"Retry-After": email.utils.formatdate(WALL + 5, usegmt=True)})
+    )
+
+    assert call(kind, make_policy(fake), "GET", server.url()).status == 200
+    assert fake.sleeps == [5.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "value",
+    [email.utils.formatdate(WALL - 60, usegmt=True), "0", "soon", "1.5", "-3"],
+    ids=["past-date", "zero", "word", "fraction", "negative"],
+)
+def test_retry_after_in_the_past_or_malformed_leaves_the_backoff(kind, value, server, fake):
+    server.script.append(answer(503, {"Retry-After": value}))
+
+    assert call(kind, make_policy(fake), "GET", server.url()).status == 200
+    assert fake.sleeps == [0.05]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_retry_after_shorter_than_the_backoff_does_not_shorten_it(kind, server, fake):
+    server.script.append(answer(503, {"Retry-After": "1"}))
+
+    call(kind, make_policy(fake, base_delay=4.0, random=lambda: 0.75), "GET", server.url())
+
+    assert fake.sleeps == [3.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "value", ["11", "99999999999999999999999", "Fri, 31 Dec 9999 23:59:59 GMT"]
+)
+def test_a_retry_after_beyond_max_delay_returns_the_response_at_once(kind, value, server, fake):
+    server.script.append(answer(429, {"Retry-After": value}, b"slow down"))
+
+    result = call(kind, make_policy(fake, max_delay=10.0), "GET", server.url())
+
+    assert (result.status, result.body) == (429, b"slow down")
+    assert len(server.seen) == 1
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_retry_after_equal_to_max_delay_is_waited(kind, server, fake):
+    server.script.append(answer(429, {"Retry-After": "10"}))
+
+    assert call(kind, make_policy(fake, max_delay=10.0), "GET", server.url()).status == 200
+    assert fake.sleeps == [10.0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_retry_after_past_the_deadline_returns_the_response_at_once(kind, server, fake):
+    server.script.append(answer(503, {"Retry-After": "8"}))
+
+    result = call(kind, make_policy(fake, deadline=5.0), "GET", server.url())
+
+    assert result.status == 503
+    assert len(server.seen) == 1
+    assert fake.sleeps == []
+
+
+def test_retry_after_values():
+    parse = client._parse_retry_after
+    assert parse(" 7 ", WALL) == 7.0
+    assert parse("Wed, 15 Nov 2023 00:00:00 GMT", 1_700_006_400.0 - 30) == 30.0
+    # "-0000" makes a naive datetime; HTTP-dates are GMT all the same.
+    assert parse("Wed, 15 Nov 2023 00:00:00 -0000", 1_700_006_400.0 - 30) == 30.0
+    assert parse("Wed, 15 Nov 2023 00:00:00 GMT", 1_700_006_400.0 + 30) == 0.0
+    assert parse("\u00b2", WALL) is None
+    assert parse("", WALL) is None
+    assert parse("9" * 5000, WALL) == float("inf")
+
+
+# --- the deadline -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_wait_ends_past_the_deadline(kind, server, fake):
+    server.script.extend([answer(503)] * 5)
+    policy = make_policy(fake, base_delay=1.0, random=lambda: 1.0, deadline=2.5, max_attempts=10)
+
+    result = call(kind, policy, "GET", server.url())
+
+    # Waits of 1 then 2 seconds: the second would end at 3 s, past the 2.5 s deadline.
+    assert result.status == 503
+    assert fake.sleeps == [1.0]
+    assert len(server.seen) == 2
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_time_spent_in_attempts_counts_towards_the_deadline(kind, server, fake):
+    server.script.extend([answer(503, advance=9.8), answer(503)])
+
+    result = call(kind, make_policy(fake, deadline=10.0, base_delay=1.0), "GET", server.url())
+
+    assert result.status == 503
+    assert len(server.seen) == 1
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_wait_that_ends_exactly_at_the_deadline_is_allowed(kind, server, fake):
+    server.script.append(answer(503))
+
+    policy = make_policy(fake, base_delay=2.0, random=lambda: 1.0, deadline=2.0)
+
+    assert call(kind, policy, "GET", server.url()).status == 200
+    assert fake.sleeps == [2.0]
+
+
+# --- the retry budget -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_budget_fails_fast_with_the_response(kind, server, fake):
+    server.script.extend([answer(503), answer(503)])
+    budgets = RetryBudgets(min_retries_per_second=0, percent_can_retry=0.0, clock=fake.clock)
+
+    result = call(kind, make_policy(fake, budget=budgets), "GET", server.url())
+
+    assert result.status == 503
+    assert len(server.seen) == 1
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_budget_fails_fast_with_the_error(kind, server, fake):
+    server.script.extend([reset, reset])
+    budgets = RetryBudgets(min_retries_per_second=0, percent_can_retry=0.0, clock=fake.clock)
+
+    with pytest.raises(TRANSPORT_ERRORS[kind]):
+        call(kind, make_policy(fake, budget=budgets), "GET", server.url())
+
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_reserve_allows_exactly_its_retries_then_refills(kind, server, fake):
+    # 0.2 retries a second over 10 seconds: a reserve of exactly 2 retries.
+    budgets = RetryBudgets(
+        ttl=10.0, min_retries_per_second=0.2, percent_can_retry=0.0, clock=fake.clock
+    )
+    policy = make_policy(fake, budget=budgets, max_attempts=10, deadline=1000.0)
+    server.script.extend([answer(503)] * 20)
+
+    assert call(kind, policy, "GET", server.url()).status == 503
+    assert len(server.seen) == 3
+    assert call(kind, policy, "GET", server.url()).status == 503
+    assert len(server.seen) == 4
+
+    fake.now += 10.0
+    assert call(kind, policy, "GET", server.url()).status == 503
+    assert len(server.seen) == 7
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_first_attempts_earn_retries_in_proportion(kind, server, fake):
+    budgets = RetryBudgets(min_retries_per_second=0, percent_can_retry=0.25, clock=fake.clock)
+    policy = make_policy(fake, budget=budgets, max_attempts=10)
+    for _ in range(7):
+        assert call(kind, policy, "GET", server.url()).status == 200
+
+    # Seven first attempts, and the eighth: 8 x 0.25 = 2 retries.
+    server.script.extend([answer(503)] * 5)
+    assert call(kind, policy, "GET", server.url()).status == 503
+    assert len(server.seen) == 7 + 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_no_budget_means_no_limit_but_the_attempts(kind, server, fake):
+    server.script.extend([answer(503)] * 5)
+
+    call(kind, make_policy(fake, budget=None, max_attempts=6), "GET", server.url())
+
+    assert len(server.seen) == 6
+
+
+def test_hosts_have_separate_budgets(fake):
+    budgets = RetryBudgets(min_retries_per_second=0.1, clock=fake.clock)
+
+    assert budgets.budget_for("a.test") is budgets.budget_for("a.test")
+    assert budgets.budget_for("a.test").try_withdraw()
+    assert not budgets.budget_for("a.test").try_withdraw()
+    assert budgets.budget_for("b.test").try_withdraw()
+    assert budgets.budget_for("a.test:8443").try_withdraw()
+
+
+def test_a_budget_counts_exactly(fake):
+    budget = RetryBudget(min_retries_per_second=0, percent_can_retry=0.1, clock=fake.clock)
+    for _ in range(9):
+        budget.deposit()
+    assert budget.balance == pytest.approx(0.9)
+    assert not budget.try_withdraw()
+
+    budget.deposit()
+    assert budget.balance == 1.0
+    assert budget.try_withdraw()
+    assert budget.balance == 0.0
+    assert not budget.try_withdraw()
+
+
+def test_deposits_expire_after_the_ttl(fake):
+    budget = RetryBudget(
+        ttl=10.0, min_retries_per_second=0, percent_can_retry=1.0, clock=fake.clock
+    )
+    budget.deposit()
+    fake.now += 5.0
+    budget.deposit()
+    assert budget.balance == 2.0
+
+    fake.now += 5.0
+    assert budget.balance == 1.0
+    fake.now += 4.999
+    assert budget.balance == 1.0
+    fake.now += 0.001
+    assert budget.balance == 0.0
+    assert not budget.try_withdraw()
+
+
+def test_withdrawals_expire_so_the_reserve_refills(fake):
+    budget = RetryBudget(
+        ttl=2.0, min_retries_per_second=1.0, percent_can_retry=0.0, clock=fake.clock
+    )
+    assert budget.balance == 2.0
+    assert budget.try_withdraw()
+    fake.now += 1.0
+    assert budget.try_withdraw()
+    assert not budget.try_withdraw()
+
+    fake.now += 1.0
+    assert budget.balance == 1.0
+    assert budget.try_withdraw()
+    assert not budget.try_withdraw()
+
+
+def test_a_budget_is_safe_across_threads():
+    budget = RetryBudget(ttl=60.0, min_retries_per_second=0, percent_can_retry=0.5)
+    granted = []
+
+    def work():
+        for _ in range(1000):
+            budget.deposit()
+            granted.append(budget.try_withdraw())
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    # 8000 deposits of half a token: every one of the 4000 tokens is either spent or still there,
+    # however the threads interleave.
+    assert granted.count(True) + budget.balance == 4000
+    assert 0 <= budget.balance < 8
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"ttl": 0}, "ttl must be positive"),
+        ({"min_retries_per_second": -1}, "must not be negative"),
+        ({"percent_can_retry": -0.1}, "must not be negative"),
+    ],
+)
+def test_budget_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        RetryBudget(**settings)
+    with pytest.raises(ValueError, match=message):
+        RetryBudgets(**settings)
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+
+def test_the_policys_defaults():
+    policy = RetryPolicy()
+    assert (policy.max_attempts, policy.base_delay, policy.max_delay, policy.deadline) == (
+        4,
+        0.1,
+        10.0,
+        30.0,
+    )
+    assert (policy.jitter, policy.key_header, policy.add_keys) == ("full", "Idempotency-Key", True)
+    assert isinstance(policy.budget, RetryBudgets)
+    assert RetryPolicy().budget is policy.budget
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"base_delay": -1.0}, "base_delay"),
+        ({"base_delay": 20.0, "max_delay": 10.0}, "base_delay"),
+        ({"deadline": 0}, "deadline"),
+        ({"jitter": "none"}, "jitter"),
+        ({"key_header": ""}, "key_header"),
+    ],
+)
+def test_policy_settings_are_checked(settings, message):
+    with pytest.raises(ValueError, match=message):
+        RetryPolicy(**settings)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_max_attempts_of_one_never_retries(kind, server, fake):
+    server.script.append(answer(503))
+
+    assert call(kind, make_policy(fake, max_attempts=1), "GET", server.url()).status == 503
+    assert len(server.seen) == 1
+
+
+# --- connections, errors and logs -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_discarded_response_is_read_so_its_connection_is_reused(kind, server, fake):
+    server.script.extend([answer(503, body=b"x" * 1000)] * 2)
+
+    call(kind, make_policy(fake), "GET", server.url())
+
+    assert len(server.seen) == 3
+    assert len({seen.connection for seen in server.seen}) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_discarded_response_with_a_long_body_is_closed_unread(kind, server, fake):
+    server.script.extend([answer(503, body=b"x" * BIG)] * 2)
+
+    assert call(kind, make_policy(fake), "GET", server.url()).body == b"ok"
+    assert len({seen.connection for seen in server.seen}) == 3
+
+
+def test_an_error_that_is_not_a_transport_error_is_not_retried(fake):
+    calls = []
+
+    def fail(request):
+        calls.append(request)
+        raise httpx.UnsupportedProtocol("no")
+
+    transport = RetryTransport(httpx.MockTransport(fail), make_policy(fake))
+    with httpx.Client(transport=transport) as session, pytest.raises(httpx.UnsupportedProtocol):
+        session.get("http://example.test/")
+
+    assert len(calls) == 1
+
+
+def test_requests_does_not_retry_a_tls_error(monkeypatch, fake):
+    calls = []
+
+    def fail(self, request, **kwargs):
+        calls.append(request)
+        raise requests.exceptions.SSLError("certificate verify failed")
+
+    monkeypatch.setattr(HTTPAdapter, "send", fail)
+    with (
+        retrying_session(make_policy(fake)) as session,
+        pytest.raises(requests.exceptions.SSLError),
+    ):
+        session.get("https://example.test/")
+
+    assert len(calls) == 1
+
+
+def test_a_discarded_response_that_fails_to_read_is_still_closed(fake):
+    class Broken(httpx.SyncByteStream):
+        closed = False
+
+        def __iter__(self):
+            raise httpx.ReadError("reset while reading the body")
+
+        def close(self):
+            Broken.closed = True
+
+    answers = deque([httpx.Response(503, stream=Broken()), httpx.Response(200)])
+    transport = RetryTransport(
+        httpx.MockTransport(lambda request: answers.popleft()), make_policy(fake)
+    )
+    with httpx.Client(transport=transport) as session:
+        assert session.get("http://example.test/").status_code == 200
+
+    assert Broken.closed
+
+
+def test_each_retry_is_logged_without_header_values(server, fake, caplog):
+    server.script.extend([answer(503), reset, answer(429, {"Retry-After": "1"})])
+    caplog.set_level(logging.INFO, logger="django_idempotency.client")
+
+    call("httpx", make_policy(fake), "POST", server.url(), content=b"secret body")
+
+    key = server.seen[0].headers["idempotency-key"]
+    retries = [r for r in caplog.records if r.name == "django_idempotency.client"]
+    assert [r.levelno for r in retries] == [logging.INFO] * 3
+    assert [r.idempotency_client_attempt for r in retries] == [1, 2, 3]
+    assert [r.idempotency_client_reason for r in retries] == [
+        "status 503",
+        "ReadError",
+        "status 429",
+    ]
+    assert [r.idempotency_client_delay for r in retries] == pytest.approx([0.05, 0.1, 1.0])
+    assert {r.idempotency_client_host for r in retries} == {server.host}
+    for record in retries:
+        text = repr(vars(record)) + record.getMessage()
+        assert key not in text
+        assert "secret body" not in text
+
+
+def test_giving_up_is_logged_with_the_reason(server, fake, caplog):
+    server.script.extend([answer(503), answer(429, {"Retry-After": "60"})])
+    caplog.set_level(logging.INFO, logger="django_idempotency.client")
+
+    call("requests", make_policy(fake), "GET", server.url())
+
+    last = caplog.records[-1]
+    assert last.getMessage() == (
+        f"not retrying GET {server.host} after attempt 2 (status 429): retry_after"
+    )
+    assert (last.idempotency_client_stop, last.idempotency_client_delay) == ("retry_after", 60.0)
+
+
+def test_a_url_without_a_port_is_budgeted_and_logged_by_host_name(fake, caplog):
+    answers = deque([httpx.Response(503), httpx.Response(200)])
+    transport = RetryTransport(
+        httpx.MockTransport(lambda request: answers.popleft()), make_policy(fake)
+    )
+    caplog.set_level(logging.INFO, logger="django_idempotency.client")
+
+    with httpx.Client(transport=transport) as session:
+        session.get("https://example.test/path")
+
+    assert [r.idempotency_client_host for r in caplog.records] == ["example.test"]
+
+
+# --- the convenience constructors and optional imports ----------------------------------------
+
+
+def test_retrying_client_wraps_its_transport_with_the_clients_options(server, fake):
+    server.script.append(answer(503))
+
+    with retrying_client(make_policy(fake), trust_env=False, timeout=2.0) as session:
+        assert session.get(server.url()).status_code == 200
+        assert session.trust_env is False
+
+    assert len(server.seen) == 2
+
+
+def test_retrying_client_wraps_a_given_transport(fake):
+    answers = deque([httpx.Response(502), httpx.Response(201)])
+    inner = httpx.MockTransport(lambda request: answers.popleft())
+
+    with retrying_client(make_policy(fake), transport=inner) as session:
+        assert session.get("http://example.test/").status_code == 201
+
+    assert not answers
+
+
+def test_retrying_async_client_wraps_a_given_transport(fake):
+    answers = deque([httpx.Response(502), httpx.Response(201)])
+    inner = httpx.MockTransport(lambda request: answers.popleft())
+
+    async def main():
+        async with retrying_async_client(make_policy(fake), transport=inner) as session:
+            return await session.get("http://example.test/")
+
+    assert asyncio.run(main()).status_code == 201
+    assert not answers
+
+
+def test_the_default_policy_retries(server):
+    server.script.append(answer(503))
+
+    with retrying_session() as session:
+        assert session.get(server.url()).status_code == 200
+    server.script.append(answer(503))
+    with httpx.Client(transport=RetryTransport()) as session:
+        assert session.get(server.url()).status_code == 200
+
+    assert len(server.seen) == 4
+
+
+def load_client(monkeypatch, *missing):
+    """Import a fresh copy of the client module with ``missing`` modules not installed."""
+    for name in missing:
+        monkeypatch.setitem(sys.modules, name, None)
+    spec = importlib.util.spec_from_file_location("client_copy", client.__file__)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "client_copy", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_module_imports_without_httpx(monkeypatch):
+    module = load_client(monkeypatch, "httpx")
+    assert hasattr(module, "RetryAdapter")
+    assert not hasattr(module, "RetryTransport")
+    assert not hasattr(module, "AsyncRetryTransport")
+
+
+def test_the_module_imports_without_requests(monkeypatch):
+    module = load_client(monkeypatch, "requests", "requests.adapters")
+    assert hasattr(module, "RetryTransport")
+    assert not hasattr(module, "RetryAdapter")
+
+
+def test_the_module_needs_tenacity(monkeypatch):
+    with pytest.raises(ImportError, match=r"django-idempotency\[client\]"):
+        load_client(monkeypatch, "tenacity")

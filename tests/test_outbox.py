@@ -1,0 +1,459 @@
+"""The transactional outbox: published with the transaction, relayed at least once, in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from datetime import timedelta
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from celery import current_app
+from django.conf import settings
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.management import call_command
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency import signals, tasks
+from django_idempotency.backoff import exponential_bound
+from django_idempotency.inbox import StandardWebhooksSignature
+from django_idempotency.models import InboxEvent, OutboxMessage
+from django_idempotency.outbox import (
+    ANY_TOPIC,
+    CeleryTaskDispatcher,
+    WebhookDispatcher,
+    outbox_dispatcher,
+    publish,
+    redeliver,
+    register_dispatcher,
+    relay,
+)
+from django_idempotency.outbox import relaying as outbox_relay
+from django_idempotency.outbox.dispatchers import get_dispatcher, unregister
+from tests.test_store import in_threads
+from tests.testapp import outbox as test_outbox
+from tests.testapp.models import Refund
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = 30.0
+
+
+@pytest.fixture(autouse=True)
+def recorded():
+    test_outbox.RECORDED.clear()
+    yield test_outbox.RECORDED
+    test_outbox.RECORDED.clear()
+
+
+@pytest.fixture
+def periodic_only(monkeypatch):
+    """No relay after commit: only the test's own calls relay."""
+    monkeypatch.setattr(outbox_relay, "trigger", lambda: None)
+
+
+def later(seconds):
+    return lambda: timezone.now() + timedelta(seconds=seconds)
+
+
+def publish_then_roll_back():
+    with transaction.atomic():
+        publish("tests.recorded", {"n": 1})
+        raise RuntimeError
+
+
+def test_a_rolled_back_transaction_publishes_nothing_and_a_commit_exactly_once(recorded):
+    with pytest.raises(RuntimeError):
+        publish_then_roll_back()
+    assert not OutboxMessage.objects.exists()
+    assert recorded == []
+
+    with transaction.atomic():
+        message = publish("tests.recorded", {"n": 2})
+        assert recorded == []  # not before the commit
+
+    assert recorded == [str(message.message_id)]
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == ("dispatched", 1)
+    assert message.dispatched_at is not None
+    assert message.next_attempt_at is None
+
+
+def test_one_transaction_triggers_one_relay_for_all_its_messages(monkeypatch, recorded):
+    runs = []
+    real = outbox_relay.relay
+    monkeypatch.setattr(outbox_relay, "relay", lambda **kw: runs.append(kw) or real(**kw))
+
+    with transaction.atomic():
+        for n in range(5):
+            publish("tests.recorded", {"n": n})
+
+    assert len(runs) == 1
+    assert len(recorded) == 5
+
+
+def test_a_failing_dispatch_is_retried_with_full_jitter_then_dead(periodic_only, recorded):
+    with override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 3}):
+        message = publish("tests.failing", {"fail_times": "always"})
+        for attempt in range(1, 4):
+            started = timezone.now()
+            result = relay(now=later(BASE * 2**attempt))
+            message.refresh_from_db()
+            assert message.attempts == attempt
+            if attempt < 3:
+                assert (result.failed, message.status) == (1, "pending")
+                delay = (message.next_attempt_at - started).total_seconds() - BASE * 2**attempt
+                assert 0 <= delay <= exponential_bound(attempt, BASE, 6 * 3600) + 1
+        assert (result.dead, message.status) == (1, "dead")
+        assert message.next_attempt_at is None
+        assert message.last_error == "ConnectionError: the consumer is down (attempt 3)"
+        assert relay(now=later(10**6)).batches == 0  # dead: never relayed again
+
+    # The consumer is back: an operator redelivers.
+    OutboxMessage.objects.update(payload={})
+    assert redeliver(OutboxMessage.objects.all()) == [message.pk]
+    relay()
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == ("dispatched", 1)
+    assert recorded == [str(message.message_id)]
+
+
+def test_a_message_is_not_retried_before_its_time(periodic_only, recorded):
+    publish("tests.failing", {"fail_times": 1})
+    relay()
+    assert relay().batches == 0
+
+    assert relay(now=later(BASE + 1)).dispatched == 1
+    assert len(recorded) == 1
+
+
+def test_a_topic_without_a_dispatcher_is_retried_not_lost(periodic_only):
+    publish("tests.nobody", {})
+
+    result = relay()
+
+    message = OutboxMessage.objects.get()
+    assert (result.failed, message.status) == (1, "pending")
+    assert message.last_error == (
+        "LookupError: No outbox dispatcher is registered for the topic 'tests.nobody'."
+    )
+
+
+def test_messages_with_an_ordering_key_leave_one_at_a_time_in_order(periodic_only, recorded):
+    first = publish("tests.failing", {"fail_times": 1}, ordering_key="payment-1")
+    second = publish("tests.recorded", {}, ordering_key="payment-1")
+    third = publish("tests.recorded", {}, ordering_key="payment-1")
+    other = publish("tests.recorded", {}, ordering_key="payment-2")
+    unordered = publish("tests.recorded", {})
+
+    relay()
+    # The first failed: the ones behind it wait for it; other keys do not.
+    assert recorded == [str(other.message_id), str(unordered.message_id)]
+
+    relay(now=later(BASE + 1))
+    assert recorded[2:] == [str(m.message_id) for m in (first, second, third)]
+
+
+def test_purge_deletes_old_dispatched_messages_and_never_an_unsent_one(periodic_only):
+    year_ago = timezone.now() - timedelta(days=365)
+    for _ in range(4):
+        publish("tests.recorded", {})
+    pks = list(OutboxMessage.objects.order_by("pk").values_list("pk", flat=True))
+    OutboxMessage.objects.update(created_at=year_ago)
+    OutboxMessage.objects.filter(pk=pks[1]).update(status="dead", next_attempt_at=None)
+    OutboxMessage.objects.filter(pk__in=pks[2:]).update(
+        status="dispatched", next_attempt_at=None, dispatched_at=year_ago
+    )
+    OutboxMessage.objects.filter(pk=pks[3]).update(dispatched_at=timezone.now())
+
+    purged = tasks.purge_dispatched_outbox_messages()
+
+    assert purged == 1
+    remaining = OutboxMessage.objects.order_by("pk").values_list("status", flat=True)
+    assert list(remaining) == ["pending", "dead", "dispatched"]
+
+
+def test_the_task_and_the_command_relay(periodic_only, recorded):
+    publish("tests.recorded", {})
+    assert tasks.relay_outbox() == 1
+
+    publish("tests.recorded", {})
+    out = run_command("idempotency_outbox", "--no-purge")
+    assert out == ["Dispatched 1 outbox messages (0 to retry, 0 dead)."]
+    assert run_command("idempotency_outbox") == [
+        "Dispatched 0 outbox messages (0 to retry, 0 dead).",
+        "Purged 0 dispatched outbox messages.",
+    ]
+    assert len(recorded) == 2
+
+
+def test_a_relay_stops_at_its_time_limit(periodic_only, recorded):
+    publish("tests.recorded", {})
+
+    result = relay(max_seconds=0)
+
+    assert (result.batches, result.complete) == (0, False)
+    assert recorded == []
+
+
+@override_settings(IDEMPOTENCY={"OUTBOX_RUNNER": "celery"})
+def test_with_celery_the_commit_asks_a_worker_to_relay(monkeypatch, caplog):
+    asked = []
+    monkeypatch.setattr(tasks.relay_outbox, "delay", lambda: asked.append(1))
+    with transaction.atomic():
+        publish("tests.recorded", {})
+        publish("tests.recorded", {})
+    assert asked == [1]
+
+    def unreachable():
+        raise ConnectionRefusedError(111, "Connection refused")
+
+    monkeypatch.setattr(tasks.relay_outbox, "delay", unreachable)
+    publish("tests.recorded", {})
+    assert "could not ask Celery to relay the outbox" in caplog.text
+    assert OutboxMessage.objects.filter(status="pending").count() == 3
+
+
+def test_dispatchers_register_per_topic_with_a_fallback():
+    @outbox_dispatcher("a.b", "c.d")
+    def specific(message):
+        pass
+
+    try:
+        assert get_dispatcher("a.b") is specific
+        assert get_dispatcher("c.d") is specific
+        assert get_dispatcher("x.y") is None
+        register_dispatcher(ANY_TOPIC, specific)
+        assert get_dispatcher("x.y") is specific
+        register_dispatcher("a.b", specific)  # the same again is no conflict
+        with pytest.raises(Exception, match="has a dispatcher already"):
+            register_dispatcher("a.b", print)
+        with pytest.raises(TypeError):
+            outbox_dispatcher()
+    finally:
+        unregister("a.b", "c.d", ANY_TOPIC)
+
+
+def test_the_celery_task_dispatcher_sends_the_message_id_as_the_task_id(monkeypatch):
+    sent = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    message = OutboxMessage(topic="t", payload={"a": 1})
+
+    CeleryTaskDispatcher("billing.handle", queue="billing")(message)
+
+    assert sent == [
+        (
+            "billing.handle",
+            {
+                "kwargs": {"payload": {"a": 1}, "message_id": str(message.message_id)},
+                "task_id": str(message.message_id),
+                "queue": "billing",
+            },
+        )
+    ]
+    assert repr(CeleryTaskDispatcher("x")) == "CeleryTaskDispatcher('x')"
+
+
+# Over HTTP: the webhook dispatcher, and the test app's inbox behind a real server.
+
+
+@pytest.fixture
+def server():
+    """The test app served over HTTP on loopback, in this process."""
+    httpd = ThreadedWSGIServer(("127.0.0.1", 0), _QuietHandler, allow_reuse_address=False)
+    httpd.set_app(WSGIHandler())
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def to_inbox(server):
+    dispatcher = WebhookDispatcher(f"{server}/webhooks/outbox/", settings.TEST_WEBHOOK_SECRETS)
+    register_dispatcher("payment.captured", dispatcher)
+    yield dispatcher
+    unregister("payment.captured")
+
+
+def test_a_message_goes_over_http_to_an_inbox_that_processes_it_once(to_inbox):
+    with transaction.atomic():
+        message = publish("payment.captured", {"amount": 4200}, headers={"X-Tenant": "acme"})
+
+    message.refresh_from_db()
+    assert message.status == "dispatched"
+    event = InboxEvent.objects.get()
+    assert (event.source, event.event_id, event.event_type) == (
+        "outbox",
+        str(message.message_id),
+        "payment.captured",
+    )
+    assert event.payload["data"] == {"amount": 4200}
+    assert list(Refund.objects.values_list("event_id", "amount")) == [
+        (str(message.message_id), 4200)
+    ]
+    # Sent again (as after a relay died before marking it): a duplicate, processed once.
+    redeliver(OutboxMessage.objects.all())
+    assert InboxEvent.objects.count() == 1
+    assert Refund.objects.count() == 1
+
+
+def test_the_webhook_is_signed_and_carries_the_message_id(server, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        WebhookDispatcher, "client", property(lambda self: _Recorder(seen)), raising=True
+    )
+    message = OutboxMessage(topic="payment.captured", payload={"amount": 1}, headers={"X-A": "b"})
+    message.created_at = timezone.now()
+
+    WebhookDispatcher(lambda: f"{server}/hook/", ["whsec_dGVzdA=="])(message)
+
+    ((url, body, headers),) = seen
+    assert url == f"{server}/hook/"
+    assert json.loads(body)["id"] == str(message.message_id)
+    assert headers["Idempotency-Key"] == headers["webhook-id"] == str(message.message_id)
+    assert headers["X-A"] == "b"
+    StandardWebhooksSignature(["whsec_dGVzdA=="]).verify(headers, body)
+
+
+def test_a_refused_webhook_fails_the_attempt(server, periodic_only):
+    dispatcher = WebhookDispatcher(f"{server}/webhooks/outbox/", ["whsec_d3Jvbmc="])
+    register_dispatcher("payment.captured", dispatcher)
+    try:
+        publish("payment.captured", {"amount": 1})
+        relay()
+    finally:
+        unregister("payment.captured")
+
+    message = OutboxMessage.objects.get()
+    assert message.status == "pending"
+    assert message.last_error == f"DispatchError: {server}/webhooks/outbox/ answered 400"
+    assert repr(dispatcher) == f"WebhookDispatcher('{server}/webhooks/outbox/')"
+
+
+class _Recorder:
+    def __init__(self, seen):
+        self.seen = seen
+
+    def post(self, url, *, content, headers):
+        self.seen.append((url, content, headers))
+        return _Ok()
+
+
+class _Ok:
+    is_success = True
+    status_code = 200
+
+
+def run_command(*args):
+    out = StringIO()
+    call_command(*args, stdout=out)
+    return out.getvalue().splitlines()
+
+
+# PostgreSQL: several relays at once, and relays killed mid-batch.
+
+
+@pytest.mark.postgresql
+def test_three_relays_at_once_over_ten_thousand_messages_send_each_exactly_once(
+    periodic_only, recorded
+):
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(topic="tests.recorded", payload={"n": n}, next_attempt_at=timezone.now())
+        for n in range(10_000)
+    )
+
+    results = in_threads(3, lambda _: relay(batch_size=100))
+
+    assert sum(result.dispatched for result in results) == 10_000
+    assert all(result.dispatched > 0 for result in results)  # they shared the work
+    counts = Counter(recorded)
+    assert len(counts) == 10_000
+    assert set(counts.values()) == {1}
+    assert not OutboxMessage.objects.exclude(status="dispatched").exists()
+
+
+@pytest.mark.postgresql
+def test_concurrent_relays_keep_each_ordering_key_in_order(periodic_only, recorded):
+    OutboxMessage.objects.bulk_create(
+        OutboxMessage(
+            topic="tests.recorded",
+            payload={"n": n},
+            ordering_key=f"key-{n % 10}",
+            next_attempt_at=timezone.now(),
+        )
+        for n in range(500)
+    )
+    order = {str(m.message_id): (m.ordering_key, m.pk) for m in OutboxMessage.objects.all()}
+
+    in_threads(3, lambda _: relay(batch_size=7))
+
+    assert len(recorded) == 500
+    for key in {key for key, _pk in order.values()}:
+        sent = [order[message_id][1] for message_id in recorded if order[message_id][0] == key]
+        assert sent == sorted(sent), key
+
+
+@pytest.mark.postgresql
+def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_each_once(
+    server, periodic_only
+):
+    messages = 300
+    with transaction.atomic():
+        for n in range(messages):
+            publish("payment.captured", {"amount": n})
+    duplicates = []
+    signals.inbox_event_duplicate.connect(lambda **kw: duplicates.append(1), weak=False)
+    env = {
+        **os.environ,
+        "TEST_DATABASE": "postgresql",
+        "TEST_PG_NAME": connection.settings_dict["NAME"],
+        "TEST_OUTBOX_URL": f"{server}/webhooks/outbox/",
+        "DJANGO_SETTINGS_MODULE": "tests.settings",
+    }
+    command = [
+        sys.executable,
+        "-m",
+        "django",
+        "idempotency_outbox",
+        "--forever",
+        "--batch-size",
+        "20",
+    ]
+    try:
+        kills = 0
+        while OutboxMessage.objects.filter(status="pending").exists() and kills < 30:
+            relay_process = subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True
+            )
+            time.sleep(1.5 if kills < 5 else 4)
+            os.killpg(relay_process.pid, signal.SIGKILL)  # between sending and marking, likely
+            relay_process.wait()
+            kills += 1
+    finally:
+        signals.inbox_event_duplicate.receivers.clear()
+
+    assert not OutboxMessage.objects.exclude(status="dispatched").exists()
+    assert InboxEvent.objects.count() == messages
+    assert Refund.objects.count() == messages  # each processed exactly once
+    assert set(Counter(Refund.objects.values_list("event_id", flat=True)).values()) == {1}
+    # Some batches were sent and then rolled back by a kill: their messages came twice.
+    assert duplicates, "no relay was killed between sending and marking"
