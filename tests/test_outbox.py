@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
-from django.db import connection, transaction
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -437,6 +437,11 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
         "--forever",
         "--batch-size",
         "20",
+        # A killed relay's batch is due again a second later.
+        "--lease",
+        "1",
+        "--interval",
+        "0.2",
     ]
     try:
         kills = 0
@@ -455,5 +460,67 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
     assert InboxEvent.objects.count() == messages
     assert Refund.objects.count() == messages  # each processed exactly once
     assert set(Counter(Refund.objects.values_list("event_id", flat=True)).values()) == {1}
-    # Some batches were sent and then rolled back by a kill: their messages came twice.
+    # Some batches were sent and not marked, because of a kill: their messages came twice.
     assert duplicates, "no relay was killed between sending and marking"
+
+
+@override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
+def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded):
+    message = publish("tests.recorded", {})
+    # Two relays claimed it and died before recording anything.
+    OutboxMessage.objects.filter(pk=message.pk).update(attempts=2)
+
+    result = relay()
+
+    message.refresh_from_db()
+    assert (result.dead, message.status, message.attempts) == (0, "dead", 2)
+    assert message.last_error == "The relay stopped during attempt 2."
+    assert recorded == []
+
+
+def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_only, monkeypatch):
+    class Clock:
+        now = 0.0
+
+        @classmethod
+        def monotonic(cls):
+            return cls.now
+
+    def slow(message):
+        Clock.now += 6  # each message takes six seconds to send
+
+    monkeypatch.setattr(outbox_relay, "time", Clock)
+    register_dispatcher("tests.slow", slow)
+    try:
+        for n in range(3):
+            publish("tests.slow", {"n": n})
+        result = relay(max_seconds=10)
+    finally:
+        unregister("tests.slow")
+
+    assert (result.dispatched, result.complete) == (2, False)
+    left = OutboxMessage.objects.get(status="pending")
+    assert left.attempts == 0
+    assert left.next_attempt_at <= timezone.now()
+
+
+def test_a_database_error_while_relaying_inline_does_not_reach_the_publisher(monkeypatch, caplog):
+    def down(**kwargs):
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(outbox_relay, "relay", down)
+    with transaction.atomic():
+        publish("tests.recorded", {})
+
+    assert "could not relay the outbox after a commit" in caplog.text
+    assert OutboxMessage.objects.get().status == "pending"
+
+
+@pytest.mark.django_db(transaction=False)
+def test_in_a_testcase_each_captured_commit_triggers_its_relay(
+    django_capture_on_commit_callbacks, recorded
+):
+    for n in range(2):
+        with django_capture_on_commit_callbacks(execute=True):
+            publish("tests.recorded", {"n": n})
+        assert len(recorded) == n + 1

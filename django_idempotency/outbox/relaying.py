@@ -2,10 +2,11 @@
 
 A message is a row written with the caller's own changes: if the transaction rolls back, the
 message was never published. The relay claims due messages in batches with
-``SELECT … FOR UPDATE SKIP LOCKED``, dispatches each, and marks them in the same transaction.
-A relay that dies mid-batch marks nothing: the batch is sent again, with the same message ids.
-That is at-least-once delivery, which the consumer's dedupe on the message id (the inbox's, for
-example) turns into once.
+``SELECT … FOR UPDATE SKIP LOCKED``, counting the attempt and leasing the batch in a short
+transaction; then it dispatches each message and marks the delivered ones. A relay that dies
+before marking leaves its batch to be sent again when the lease ends, with the same message
+ids. That is at-least-once delivery, which the consumer's dedupe on the message id (the
+inbox's, for example) turns into once.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, router, transaction
+from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
@@ -37,8 +38,12 @@ logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
 ERROR_MAX_LENGTH = 2_000
-#: How long an inline relay, run by the process that published, may take.
+#: How long an inline relay, run by the process that published, may take, and its batch size:
+#: it stops between two messages once the time is up.
 INLINE_MAX_SECONDS = 10.0
+INLINE_BATCH_SIZE = 10
+#: How long a relay owns the batch it claimed: past it, the batch's messages are due again.
+DEFAULT_LEASE = timedelta(minutes=5)
 
 
 def publish(
@@ -73,10 +78,23 @@ def publish(
 def _trigger_after_commit(using: str) -> None:
     connection = connections[using]
     # One trigger per transaction, however many messages it publishes: the relay takes them
-    # all. (Django keeps the pending callbacks as (savepoints, callable, robust) tuples.)
-    if any(pending[1] is trigger for pending in connection.run_on_commit):
+    # all. (Django keeps the pending callbacks as (savepoints, callable, robust) tuples; in a
+    # TestCase, callbacks already run by captureOnCommitCallbacks() stay in the list.)
+    if any(
+        isinstance(pending[1], _Trigger) and not pending[1].fired
+        for pending in connection.run_on_commit
+    ):
         return
-    transaction.on_commit(trigger, using=using)
+    transaction.on_commit(_Trigger(), using=using)
+
+
+class _Trigger:
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self) -> None:
+        self.fired = True
+        trigger()
 
 
 def trigger() -> None:
@@ -85,9 +103,13 @@ def trigger() -> None:
     A lost trigger is not an error: the periodic relay finds every due message.
     """
     if idempotency_settings.OUTBOX_RUNNER == "inline":
-        # Bounded: the request that published waits for this; a backlog is the periodic
-        # relay's work.
-        relay(max_seconds=INLINE_MAX_SECONDS)
+        try:
+            # Bounded: the code that published waits for this; a backlog is the periodic
+            # relay's work.
+            relay(batch_size=INLINE_BATCH_SIZE, max_seconds=INLINE_MAX_SECONDS)
+        except DatabaseError:
+            # What was published is committed: the periodic relay will send it.
+            logger.exception("could not relay the outbox after a commit")
         return
     from django_idempotency.tasks import relay_outbox  # noqa: PLC0415 - Celery is optional
 
@@ -113,14 +135,15 @@ def relay(
     *,
     batch_size: int = 50,
     max_seconds: float | None = None,
+    lease: timedelta = DEFAULT_LEASE,
     now: Callable[[], datetime] = timezone.now,
     random: Callable[[], float] = random.random,
 ) -> RelayResult:
-    """Dispatch the due messages, a batch per transaction, until none is due.
+    """Dispatch the due messages, batch by batch, until none is due.
 
-    ``max_seconds`` bounds the run (the next one carries on). Safe in several processes at
-    once: each message of a batch is locked by the relay that claimed it. ``now`` and
-    ``random`` are for tests.
+    Each batch is claimed for ``lease``: if the relay dies before it marks them, its messages
+    are due again when the lease ends. ``max_seconds`` bounds the run (the next one carries
+    on). Safe in several processes at once. ``now`` and ``random`` are for tests.
     """
     using = router.db_for_write(OutboxMessage)
     started = time.monotonic()
@@ -131,31 +154,32 @@ def relay(
         if max_seconds is not None and time.monotonic() - started >= max_seconds:
             complete = False
             break
-        with transaction.atomic(using=using):
-            batch = list(_due(using, now(), batch_size))
-            delivered = []
-            for message in batch:
-                message.attempts += 1  # the dispatcher sees this attempt counted
-                error = _dispatch(message)
-                if error is None:
-                    delivered.append(message.pk)
-                else:
-                    _record_failure(message, error, using, now(), random)
-                    counts[Status(message.status)] += 1
-            # One statement for the whole batch: the usual outcome is cheap.
-            counts[Status.DISPATCHED] += (
-                OutboxMessage.objects.using(using)
-                .filter(pk__in=delivered)
-                .update(
-                    status=Status.DISPATCHED,
-                    attempts=F("attempts") + 1,
-                    next_attempt_at=None,
-                    dispatched_at=now(),
-                )
-            )
+        batch = _claim(using, now(), batch_size, lease)
         if not batch:
             break
         batches += 1
+        # No transaction is open while the messages are sent: a slow consumer holds no lock,
+        # and a consumer that writes to this database (the inbox of the same project) can.
+        delivered = []
+        for index, message in enumerate(batch):
+            if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                _release(batch[index:], using, now())
+                complete = False
+                break
+            error = _dispatch(message)
+            if error is None:
+                delivered.append(message.pk)
+            else:
+                counts[_record_failure(message, error, using, now(), random)] += 1
+        # One statement for the whole batch: the usual outcome is cheap. A message whose
+        # lease ran out and that another relay took over is marked by that relay as well.
+        counts[Status.DISPATCHED] += (
+            OutboxMessage.objects.using(using)
+            .filter(pk__in=delivered, status=Status.PENDING)
+            .update(status=Status.DISPATCHED, next_attempt_at=None, dispatched_at=now())
+        )
+        if not complete:
+            break
     result = RelayResult(
         dispatched=counts[Status.DISPATCHED],
         failed=counts[Status.PENDING],
@@ -179,19 +203,56 @@ def relay(
     return result
 
 
-def _due(using: str, now: datetime, limit: int) -> QuerySet[OutboxMessage]:
+def _claim(using: str, now: datetime, limit: int, lease: timedelta) -> list[OutboxMessage]:
+    """Take up to ``limit`` due messages for ``lease``, counting the attempt; commit."""
     pending = OutboxMessage.objects.using(using).filter(status=Status.PENDING)
-    # A message waits while an older one with its ordering key is pending, even one that is
-    # locked by another relay or waiting for its retry.
+    # A message waits while an older one with its ordering key is pending, even one that
+    # another relay holds or that waits for its retry.
     older = pending.filter(ordering_key=OuterRef("ordering_key"), pk__lt=OuterRef("pk")).exclude(
         ordering_key=""
     )
-    return (
+    due = (
         pending.select_for_update(skip_locked=True)
         .filter(next_attempt_at__lte=now)
         .exclude(Exists(older))
-        .order_by("next_attempt_at", "pk")[:limit]
+        .order_by("next_attempt_at", "pk")
     )
+    max_attempts = idempotency_settings.OUTBOX_MAX_ATTEMPTS
+    with transaction.atomic(using=using):
+        claimed = list(due[:limit])
+        # Every attempt was claimed and none recorded an outcome: its relay died each time.
+        spent = [message for message in claimed if message.attempts >= max_attempts]
+        for message in spent:
+            message.status, message.next_attempt_at = Status.DEAD, None
+            message.last_error = f"The relay stopped during attempt {message.attempts}."
+            logger.error(
+                "outbox message %s is dead after %d attempts: %s",
+                message.message_id,
+                message.attempts,
+                message.last_error,
+                extra=_fields(message, "dead"),
+            )
+        if spent:
+            OutboxMessage.objects.using(using).bulk_update(
+                spent, ["status", "next_attempt_at", "last_error"]
+            )
+        batch = [message for message in claimed if message.attempts < max_attempts]
+        # Counted before it is sent: a message whose relay dies every time still ends dead.
+        pending.filter(pk__in=[message.pk for message in batch]).update(
+            attempts=F("attempts") + 1, next_attempt_at=now + lease
+        )
+    for message in batch:
+        message.attempts += 1
+        message.next_attempt_at = now + lease
+    return batch
+
+
+def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
+    """Give back messages claimed but not sent: due now, their attempt not counted."""
+    for message in messages:
+        OutboxMessage.objects.using(using).filter(
+            pk=message.pk, status=Status.PENDING, attempts=message.attempts
+        ).update(attempts=F("attempts") - 1, next_attempt_at=now)
 
 
 def _dispatch(message: OutboxMessage) -> str | None:
@@ -209,10 +270,24 @@ def _dispatch(message: OutboxMessage) -> str | None:
 
 def _record_failure(
     message: OutboxMessage, error: str, using: str, now: datetime, random: Callable[[], float]
-) -> None:
-    message.last_error = error
+) -> Status:
+    """Schedule the message's retry, or mark it dead; return its new status."""
     if message.attempts >= idempotency_settings.OUTBOX_MAX_ATTEMPTS:
-        message.status, message.next_attempt_at = Status.DEAD, None
+        status, next_attempt_at = Status.DEAD, None
+    else:
+        delay = full_jitter(
+            message.attempts,
+            idempotency_settings.OUTBOX_RETRY_DELAY.total_seconds(),
+            idempotency_settings.OUTBOX_RETRY_MAX_DELAY.total_seconds(),
+            random,
+        )
+        status, next_attempt_at = Status.PENDING, now + timedelta(seconds=delay)
+    # Only if no other relay took the message over since this attempt claimed it.
+    OutboxMessage.objects.using(using).filter(
+        pk=message.pk, status=Status.PENDING, attempts=message.attempts
+    ).update(status=status, next_attempt_at=next_attempt_at, last_error=error)
+    message.status, message.next_attempt_at, message.last_error = status, next_attempt_at, error
+    if status is Status.DEAD:
         logger.error(
             "outbox message %s is dead after %d attempts: %s",
             message.message_id,
@@ -221,21 +296,14 @@ def _record_failure(
             extra=_fields(message, "dead"),
         )
     else:
-        delay = full_jitter(
-            message.attempts,
-            idempotency_settings.OUTBOX_RETRY_DELAY.total_seconds(),
-            idempotency_settings.OUTBOX_RETRY_MAX_DELAY.total_seconds(),
-            random,
-        )
-        message.next_attempt_at = now + timedelta(seconds=delay)
         logger.warning(
             "outbox message %s failed attempt %d; retry at %s",
             message.message_id,
             message.attempts,
-            message.next_attempt_at,
+            next_attempt_at,
             extra=_fields(message, "failed"),
         )
-    message.save(using=using, update_fields=["status", "attempts", "next_attempt_at", "last_error"])
+    return status
 
 
 def _fields(message: OutboxMessage, outcome: str) -> dict[str, Any]:
@@ -251,7 +319,7 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     """Dispatch ``messages`` again, whatever their status, with fresh attempts; return their ids.
 
     They keep their message ids, so a consumer that dedupes will not act on one it has seen.
-    A message in a relay's batch at that moment is left alone.
+    A message that a relay is sending at that moment may be sent twice.
     """
     using = router.db_for_write(OutboxMessage)
     with transaction.atomic(using=using):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -11,7 +12,7 @@ from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import OutboxMessage
-from django_idempotency.outbox.relaying import relay
+from django_idempotency.outbox.relaying import DEFAULT_LEASE, relay
 
 
 class Command(BaseCommand):
@@ -30,6 +31,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--interval", type=float, default=1.0, help="With --forever: seconds between runs."
         )
+        parser.add_argument(
+            "--lease",
+            type=float,
+            default=DEFAULT_LEASE.total_seconds(),
+            help="Seconds a batch is ours: a batch not marked by then is sent again.",
+        )
         parser.add_argument("--no-purge", action="store_true", help="Do not delete old messages.")
 
     def handle(
@@ -38,18 +45,23 @@ class Command(BaseCommand):
         batch_size: int,
         forever: bool,
         interval: float,
+        lease: float,
         no_purge: bool,
         **options: Any,
     ) -> None:
+        purged_at = None
         while True:
-            result = relay(batch_size=batch_size)
-            self.stdout.write(
-                f"Dispatched {result.dispatched} outbox messages"
-                f" ({result.failed} to retry, {result.dead} dead)."
-            )
-            if not no_purge:
+            result = relay(batch_size=batch_size, lease=timedelta(seconds=lease))
+            if result.batches or not forever:
+                self.stdout.write(
+                    f"Dispatched {result.dispatched} outbox messages"
+                    f" ({result.failed} to retry, {result.dead} dead)."
+                )
+            # Running forever, purge once a minute rather than at every run.
+            if not no_purge and (purged_at is None or time.monotonic() - purged_at >= 60):
                 older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
                 purged = OutboxMessage.objects.purge_dispatched(older_than=older_than)
+                purged_at = time.monotonic()
                 self.stdout.write(f"Purged {purged} dispatched outbox messages.")
             if not forever:
                 return
