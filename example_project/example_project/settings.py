@@ -132,7 +132,18 @@ IDEMPOTENCY = {
     "INBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
     # Attempts before an event is dead and waits for a person in the admin.
     "INBOX_MAX_ATTEMPTS": 10,
+    # Outbox: relayed by a Celery worker when there is a broker, else right after the commit.
+    "OUTBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
 }
+
+# Where the outbox sends our payment events (here: back to this project's own inbox, as to another
+# service), and the secrets they are signed with.
+PAYMENT_EVENTS_URL = os.environ.get(
+    "PAYMENT_EVENTS_URL", "http://127.0.0.1:8000/webhooks/payments/"
+)
+PAYMENT_EVENTS_SECRETS = os.environ.get(
+    "PAYMENT_EVENTS_SECRETS", "whsec_ZXhhbXBsZS1wcm9qZWN0LW9ubHk="
+).split(",")
 
 # The secrets the provider signs its webhooks with: the current one first, then the one it
 # replaces while a rotation is under way.
@@ -161,6 +172,14 @@ CELERY_BEAT_SCHEDULE = {
     },
     "purge-processed-inbox-events": {
         "task": "django_idempotency.purge_processed_inbox_events",
+        "schedule": timedelta(hours=1),
+    },
+    "relay-outbox": {
+        "task": "django_idempotency.relay_outbox",
+        "schedule": timedelta(seconds=10),
+    },
+    "purge-dispatched-outbox-messages": {
+        "task": "django_idempotency.purge_dispatched_outbox_messages",
         "schedule": timedelta(hours=1),
     },
 }

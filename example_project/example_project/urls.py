@@ -4,13 +4,14 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from payments.webhooks import ProviderWebhook
+from payments.webhooks import PaymentEventsWebhook, ProviderWebhook
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/api/payments/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/", include("payments.urls")),
     path("webhooks/provider/", ProviderWebhook.as_view()),
+    path("webhooks/payments/", PaymentEventsWebhook.as_view()),
     # Log in and out of DRF's browsable API.
     path("api-auth/", include("rest_framework.urls")),
 ]

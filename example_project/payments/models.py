@@ -156,3 +156,25 @@ class CustomerNotice(models.Model):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ReceiptEmail(models.Model):
+    """The receipt e-mailed for a captured payment, on its ``payment.captured`` event.
+
+    An event processed twice would show here as a second e-mail.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    payment = models.ForeignKey(
+        Payment, on_delete=models.PROTECT, related_name="receipts", verbose_name=_("payment")
+    )
+    event_id = models.CharField(_("event id"), max_length=255)
+    sent_at = models.DateTimeField(_("sent at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("receipt e-mail")
+        verbose_name_plural = _("receipt e-mails")
+        ordering = ["-id"]
+
+    def __str__(self) -> str:
+        return f"Receipt for payment {self.payment_id}"

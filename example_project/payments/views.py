@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.db import transaction
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.outbox import publish
 from payments import provider
 from payments.models import LedgerEntry, Payment, Refund
 from payments.serializers import PaymentSerializer, RefundSerializer
@@ -21,6 +23,18 @@ from payments.serializers import PaymentSerializer, RefundSerializer
 if TYPE_CHECKING:
     from django.db.models import QuerySet
     from rest_framework.request import Request
+
+
+def record_capture(serializer: PaymentSerializer, owner: Any, reference: str) -> Payment:
+    """Save a card payment and announce it: the message commits with the payment, or neither."""
+    with transaction.atomic():
+        payment = record_payment(serializer, owner, reference)
+        publish(
+            "payment.captured",
+            {"payment": payment.pk, "amount": payment.amount, "currency": payment.currency},
+            ordering_key=f"payment-{payment.pk}",
+        )
+    return payment
 
 
 def record_payment(serializer: PaymentSerializer, owner: Any, reference: str) -> Payment:
@@ -122,7 +136,7 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
             # The demo's stand-in for a worker that dies right after the provider charged.
             msg = "the worker died after the charge"
             raise RuntimeError(msg)
-        record_payment(serializer, self.request.user, reference)
+        record_capture(serializer, self.request.user, reference)
 
     def recover_idempotent_request(
         self, request: Request, *, key: str, attempt: int
@@ -133,5 +147,5 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         payment = Payment.objects.filter(provider_reference=reference).first()
-        payment = payment or record_payment(serializer, request.user, reference)
+        payment = payment or record_capture(serializer, request.user, reference)
         return Response(self.get_serializer(payment).data, status=status.HTTP_201_CREATED)

@@ -1,11 +1,22 @@
-"""The provider's webhooks: received into the inbox, then handled once each."""
+"""Webhooks: the provider's, and our own payment events, received into the inbox and handled once.
+
+Our payment events leave through the outbox (see views.record_capture) and come back here over
+HTTP, as they would reach another service of ours.
+"""
 
 from __future__ import annotations
 
 from django.conf import settings
 
-from django_idempotency.inbox import StripeSignature, WebhookReceiverView, inbox_handler
-from payments.models import CustomerNotice, ProviderStatus, Refund
+from django_idempotency.client import RetryPolicy
+from django_idempotency.inbox import (
+    StandardWebhooksSignature,
+    StripeSignature,
+    WebhookReceiverView,
+    inbox_handler,
+)
+from django_idempotency.outbox import WebhookDispatcher, register_dispatcher
+from payments.models import CustomerNotice, ProviderStatus, ReceiptEmail, Refund
 
 
 class ProviderWebhook(WebhookReceiverView):
@@ -29,3 +40,29 @@ def refund_status_changed(event):
             refund=refund,
             message=f"Your refund of {refund.amount} {refund.payment.currency} is on its way.",
         )
+
+
+class PaymentEventsWebhook(WebhookReceiverView):
+    """Our own payment events, as the outbox's webhook dispatcher signs them."""
+
+    source = "payments"
+    verifier = StandardWebhooksSignature(lambda: settings.PAYMENT_EVENTS_SECRETS)
+
+
+register_dispatcher(
+    "payment.captured",
+    WebhookDispatcher(
+        lambda: settings.PAYMENT_EVENTS_URL,
+        lambda: settings.PAYMENT_EVENTS_SECRETS,
+        # A few quick retries; after that, the outbox's own schedule retries.
+        policy=RetryPolicy(max_attempts=3, deadline=5.0),
+    ),
+)
+
+
+@inbox_handler("payments", "payment.captured")
+def payment_captured(event):
+    """E-mail the receipt of a captured payment."""
+    ReceiptEmail.objects.create(
+        payment_id=event.payload["data"]["payment"], event_id=event.event_id
+    )

@@ -19,16 +19,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
+from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection, models
 from django.db.models import Max
-from django.test import Client
+from django.test import Client, override_settings
 
+from django_idempotency import signals
 from django_idempotency.inbox import StripeSignature
-from django_idempotency.models import InboxEvent
+from django_idempotency.models import InboxEvent, OutboxMessage
+from django_idempotency.outbox import redeliver
 from payments import provider
-from payments.models import CustomerNotice, LedgerEntry, Payment, ProviderCharge, Refund
+from payments.models import (
+    CustomerNotice,
+    LedgerEntry,
+    Payment,
+    ProviderCharge,
+    ReceiptEmail,
+    Refund,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -409,6 +420,39 @@ def provider_webhooks() -> Story:
     return story
 
 
+def outbox_to_inbox() -> Story:
+    story, alice, key = Story("j. outbox to inbox"), Api("alice"), new_key()
+    messages, receipts = OutboxMessage.objects.count(), ReceiptEmail.objects.count()
+    charge = alice.post(CHARGES, payment_data(3100, "outbox"), key)
+    story.exchange(f"POST charge 3100 eur, {short(key)}", charge.describe())
+    message = OutboxMessage.objects.filter(payload__payment=charge.data.get("id")).first()
+    event = InboxEvent.objects.filter(event_id=str(message.message_id) if message else "").first()
+    story.exchange(
+        "commit: outbox sends payment.captured",
+        f"{message.status if message else 'no message'}; inbox: {event.status if event else '-'}",
+    )
+    duplicates: list[bool] = []
+    signals.inbox_event_duplicate.connect(lambda **kw: duplicates.append(True), weak=False)
+    try:
+        # What a relay that died after sending, before marking the message, would do.
+        redeliver(OutboxMessage.objects.filter(pk=message.pk if message else None))
+    finally:
+        signals.inbox_event_duplicate.receivers.clear()
+    story.exchange("a relay dies; sent again", f"inbox: {'duplicate' if duplicates else '?'}")
+    new_receipts = ReceiptEmail.objects.count() - receipts
+    story.effect = [
+        f"+{OutboxMessage.objects.count() - messages} outbox message",
+        f"+{1 if event else 0} inbox event",
+        f"+{new_receipts} receipt e-mail",
+    ]
+    story.expect(charge.status == 201, "the charge was not made")
+    story.expect(message is not None and message.status == "dispatched", "not dispatched")
+    story.expect(event is not None and event.status == "processed", "not processed by the inbox")
+    story.expect(duplicates == [True], "the second delivery was not a duplicate")
+    story.expect(new_receipts == 1, "the receipt was not e-mailed exactly once")
+    return story
+
+
 STORIES: list[Callable[[], Story]] = [
     double_click,
     lost_response,
@@ -419,7 +463,13 @@ STORIES: list[Callable[[], Story]] = [
     missing_key,
     crash_after_charge,
     provider_webhooks,
+    outbox_to_inbox,
 ]
+
+
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 @contextmanager
@@ -455,7 +505,7 @@ class Command(BaseCommand):
         self.row(("story", "what was sent", "what came back", "database"), "")
         self.row(tuple("-" * width for width in WIDTHS), "")
         failed = []
-        with quiet("django.request", "django_idempotency"):
+        with quiet("django.request", "django_idempotency"), self.payment_events_served():
             for play in STORIES:
                 story = play()
                 self.show(story)
@@ -467,6 +517,22 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(f"All {len(STORIES)} stories behaved as promised."))
         if serve:
             self.serve()
+
+    @contextmanager
+    def payment_events_served(self) -> Iterator[None]:
+        """Serve this project over HTTP on loopback, for the outbox to deliver to."""
+        server = ThreadedWSGIServer(("127.0.0.1", 0), QuietHandler)
+        server.set_app(WSGIHandler())
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/webhooks/payments/"
+        try:
+            with override_settings(PAYMENT_EVENTS_URL=url):
+                yield
+        finally:
+            server.shutdown()
+            server.server_close()
+            thread.join()
 
     def ensure_users(self) -> None:
         users = get_user_model().objects
