@@ -9,6 +9,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
 from django.utils import timezone
 
+from django_idempotency import admin as admin_module
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish
 from django_idempotency.outbox import relaying as outbox_relaying
@@ -350,3 +351,50 @@ def test_a_user_who_may_only_view_outbox_messages_sees_no_actions(client, outbox
     client.force_login(viewer)
 
     assert client.get(OUTBOX).context["action_form"] is None
+
+
+def test_purge_all_expired_keys_from_the_changelist_and_log_it(admin_client, stored):
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert 'id="purge-expired"' in page
+
+    response = admin_client.post(f"{CHANGELIST}purge-expired/", follow=True)
+
+    assert "Purged 1 expired keys." in response.content.decode()
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"live-key", "binary-key"}
+    log = LogEntry.objects.get(action_flag=DELETION)
+    assert log.change_message == "Purged 1 expired keys."
+    assert admin_client.get(f"{CHANGELIST}purge-expired/").status_code == 405
+
+
+def test_purge_all_expired_needs_the_delete_permission(client, stored):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencykey"))
+    client.force_login(viewer)
+
+    assert 'id="purge-expired"' not in client.get(CHANGELIST).content.decode()
+    assert client.post(f"{CHANGELIST}purge-expired/").status_code == 403
+    assert IdempotencyKey.objects.filter(key="old-key").exists()
+
+
+def test_a_purge_cut_short_by_its_time_limit_says_so(admin_client, stored, monkeypatch):
+    monkeypatch.setattr(admin_module, "PURGE_SECONDS", 0)
+
+    response = admin_client.post(f"{CHANGELIST}purge-expired/", follow=True)
+
+    assert "Time ran out" in response.content.decode()
+
+
+def test_the_date_hierarchy_narrows_the_list_by_expiry(admin_client, stored):
+    expired = IdempotencyKey.objects.get(key="old-key").expires_at
+    live = IdempotencyKey.objects.get(key="live-key").expires_at
+    page = admin_client.get(CHANGELIST).content.decode()
+    assert '<nav class="toplinks">' in page  # the date hierarchy
+
+    day = {
+        "expires_at__year": live.year,
+        "expires_at__month": live.month,
+        "expires_at__day": live.day,
+    }
+    shown = {key.key for key in admin_client.get(CHANGELIST, day).context["cl"].result_list}
+    assert "live-key" in shown
+    assert ("old-key" in shown) == (expired.date() == live.date())

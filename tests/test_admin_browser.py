@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey, InboxEvent
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from django_idempotency.outbox import publish, relay
+from django_idempotency.outbox import relaying as outbox_relaying
 from tests.conftest import ApiClient
 from tests.factories import UserFactory
 from tests.inbox import deliver, refund_event
@@ -111,6 +113,14 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     assert "Deleted 1 expired keys" in page.locator(".messagelist").inner_text()
     assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "bad-amount"}
 
+    # Or purge every expired key at once, with the button above the list.
+    IdempotencyKey.objects.filter(key="bad-amount").update(
+        expires_at=timezone.now() - timedelta(hours=1)
+    )
+    page.click("#purge-expired")
+    assert "Purged 1 expired keys." in page.locator(".messagelist").inner_text()
+    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["pay-1250"]
+
 
 @pytest.fixture
 def inbox_events():
@@ -160,3 +170,38 @@ def test_an_operator_finds_a_dead_event_reads_why_and_reprocesses_it(
     assert list(
         Refund.objects.filter(event_id="evt_refund_dead").values_list("amount", flat=True)
     ) == [300]
+
+
+@pytest.fixture
+def outbox_messages(monkeypatch):
+    monkeypatch.setattr(outbox_relaying, "trigger", lambda: None)
+    publish("tests.recorded", {"payment": 41, "amount": 1250}, ordering_key="payment-41")
+    dead = publish("tests.failing", {"payment": 42, "fail_times": "always"})
+    relay()
+    OutboxMessage.objects.filter(pk=dead.pk).update(
+        status="dead", next_attempt_at=None, attempts=10
+    )
+    monkeypatch.undo()
+
+
+def test_an_operator_redelivers_a_dead_outbox_message(page, live_server, outbox_messages, images):
+    log_in(page, live_server)
+    changelist = f"{live_server.url}/admin/django_idempotency/outboxmessage/"
+    page.set_viewport_size({"width": 1600, "height": 800})
+    page.goto(changelist)
+    assert page.locator("#result_list tbody tr").count() == 2
+    page.screenshot(path=images / "admin-outbox.png")
+
+    page.click("#changelist-filter >> text=dead")
+    page.click("#result_list tbody tr th a")
+    assert "ConnectionError: the consumer is down" in page.locator(".field-last_error").inner_text()
+    assert '"payment": 42' in page.locator(".field-pretty_payload").inner_text()
+
+    # The consumer is back.
+    OutboxMessage.objects.filter(status="dead").update(payload={"payment": 42})
+    page.goto(f"{changelist}?status__exact=dead")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "redeliver")
+    page.click("button[name=index]")
+    assert "Redelivered 1 of the 1 selected messages." in page.locator(".messagelist").inner_text()
+    assert not OutboxMessage.objects.exclude(status="dispatched").exists()

@@ -293,7 +293,9 @@ def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_tr
 
     assert sorted(outcomes) == [Outcome.PROCESSED, Outcome.SKIPPED]
     assert Refund.objects.count() == 1
-    assert InboxEvent.objects.get().attempts == 1
+    # 2 when the second claimed the event between the first's claim and its handler's lock:
+    # then the first stepped aside.
+    assert InboxEvent.objects.get().attempts in (1, 2)
 
 
 @pytest.mark.postgresql
