@@ -105,6 +105,18 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     assert page.locator("input[name=_save]").count() == 0  # nothing is editable
     page.screenshot(path=images / "admin-key.png", full_page=True)
 
+    # A stuck lease: its request died. Release it.
+    IdempotencyKey.objects.filter(key="pay-1250").update(
+        state="in_progress", locked_until=timezone.now() - timedelta(minutes=1)
+    )
+    page.goto(f"{changelist}?lease=expired")
+    page.check("#action-toggle")
+    page.select_option("select[name=action]", "release_expired_leases")
+    page.click("button[name=index]")
+    assert "Released 1 expired leases" in page.locator(".messagelist").inner_text()
+    released = IdempotencyKey.objects.get(key="pay-1250")
+    assert (released.state, released.locked_until, released.lease_version) == ("failed", None, 2)
+
     # Delete what has expired: the live keys are kept.
     page.goto(changelist)
     page.check("#action-toggle")
@@ -171,6 +183,19 @@ def test_an_operator_finds_a_dead_event_reads_why_and_reprocesses_it(
         Refund.objects.filter(event_id="evt_refund_dead").values_list("amount", flat=True)
     ) == [300]
 
+    # The failing one: retry it now, then give up on it.
+    for action, message in [
+        ("retry_now", "Retried 1 of the 1 selected events."),
+        ("mark_dead", "Marked dead 1 of the 1 selected events."),
+    ]:
+        page.goto(f"{changelist}?q=evt_refund_retrying")
+        page.check("#action-toggle")
+        page.select_option("select[name=action]", action)
+        page.click("button[name=index]")
+        assert message in page.locator(".messagelist").inner_text()
+    retrying = InboxEvent.objects.get(event_id="evt_refund_retrying")
+    assert (retrying.status, retrying.attempts) == ("dead", 2)
+
 
 @pytest.fixture
 def outbox_messages(monkeypatch):
@@ -179,7 +204,10 @@ def outbox_messages(monkeypatch):
     dead = publish("tests.failing", {"payment": 42, "fail_times": "always"})
     relay()
     OutboxMessage.objects.filter(pk=dead.pk).update(
-        status="dead", next_attempt_at=None, attempts=10
+        status="dead",
+        next_attempt_at=None,
+        attempts=10,
+        last_error="ConnectionError: the consumer is down (attempt 10)",
     )
     monkeypatch.undo()
 
@@ -196,6 +224,7 @@ def test_an_operator_redelivers_a_dead_outbox_message(page, live_server, outbox_
     page.click("#result_list tbody tr th a")
     assert "ConnectionError: the consumer is down" in page.locator(".field-last_error").inner_text()
     assert '"payment": 42' in page.locator(".field-pretty_payload").inner_text()
+    page.screenshot(path=images / "admin-outbox-message.png", full_page=True)
 
     # The consumer is back.
     OutboxMessage.objects.filter(status="dead").update(payload={"payment": 42})
