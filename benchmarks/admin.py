@@ -15,7 +15,9 @@ import os
 import statistics
 import sys
 import time
+from datetime import timedelta
 from pathlib import Path
+from urllib.parse import urlencode
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "idempotency_bench_admin"
@@ -39,6 +41,7 @@ PAGES = {
     "filter: stuck lease": "?lease=expired",
     "filter: state": "?state__exact=succeeded",
     "filter: method": "?method=POST",
+    "filter: expiry date": "?{past_week}",
     "page 100": "?p=99",
     "search by key": "?q={key}",
 }
@@ -72,6 +75,7 @@ def main() -> None:
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connection  # noqa: PLC0415
     from django.test import Client  # noqa: PLC0415
+    from django.utils import timezone  # noqa: PLC0415
 
     from django_idempotency.models import IdempotencyKey  # noqa: PLC0415
 
@@ -84,7 +88,18 @@ def main() -> None:
     client.force_login(User.objects.get(username="root"))
     key = IdempotencyKey.objects.order_by("pk")[args.keys // 2]
     changelist = "/admin/django_idempotency/idempotencykey/"
-    pages = {name: changelist + query.format(key=key.key) for name, query in PAGES.items()}
+    # The "Past 7 days" link of the expiry date filter, as Django builds it.
+    today = timezone.localtime().replace(hour=0, minute=0, second=0, microsecond=0)
+    past_week = urlencode(
+        {
+            "expires_at__gte": str(today - timedelta(days=7)),
+            "expires_at__lt": str(today + timedelta(days=1)),
+        }
+    )
+    pages = {
+        name: changelist + query.format(key=key.key, past_week=past_week)
+        for name, query in PAGES.items()
+    }
     pages["a key's page"] = f"{changelist}{key.pk}/change/"
 
     print(f"{args.keys:,} keys on PostgreSQL; median of {args.loads} loads\n")

@@ -125,7 +125,16 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         "expires_at",
         "replay_count",
     ]
-    list_filter = ["state", ExpiredFilter, StuckLeaseFilter, MethodFilter]
+    # Dates by expiry, as ranges the expiry index serves. Not date_hierarchy: it lists the
+    # distinct days by reading every row (half a second at 1,000,000 keys). Not by creation:
+    # that would need one more index, updated by every request.
+    list_filter = [
+        "state",
+        ExpiredFilter,
+        StuckLeaseFilter,
+        MethodFilter,
+        ("expires_at", admin.DateFieldListFilter),
+    ]
     paginator = CappedPaginator
     search_fields = ["key"]
     search_help_text = _("The exact Idempotency-Key.")
@@ -134,9 +143,6 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     show_full_result_count = False
     list_per_page = 50
     actions = ["release_expired_leases", "delete_expired"]
-    # By expiry, whose index serves each level's range; created_at has none, on purpose: one
-    # more index to update on every request's insert.
-    date_hierarchy = "expires_at"
     fieldsets = [
         (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
         (
