@@ -8,6 +8,8 @@ Scenarios, alternated round by round so that every ratio comes from one run:
   bare-webhook  signed webhooks to a view that only inserts the body into a table
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
+Then, once a round, a burst of 64 POSTs with one key sent at once: the effects in the database,
+the answers, and the time to the last answer.
 
 Needs wrk (Debian package "wrk"), a PostgreSQL server (PGHOST/PGPORT/PGUSER, default
 127.0.0.1:5432/postgres) and Redis on 127.0.0.1:6379 (database 13 is flushed).
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import base64
+import collections
+import concurrent.futures
 import json
 import os
 import re
@@ -26,9 +30,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "idempotency_bench"
@@ -257,6 +263,9 @@ def main() -> None:
         default=0,
         help="also time fresh POSTs while a throttled purge deletes this many expired keys",
     )
+    parser.add_argument(
+        "--burst", type=int, default=64, help="same-key requests sent at once, once a round"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
@@ -279,6 +288,7 @@ def main() -> None:
                 check_rows(scenario, measured, before, rows_created(env), args)
                 if round_no:
                     results[scenario].append(measured)
+        bursts = [burst(base, env, args.burst) for _ in range(args.rounds)]
         if args.purge_rows:
             purge_results = measure_during_purge(base, env, args)
     finally:
@@ -286,6 +296,7 @@ def main() -> None:
         server.wait(timeout=30)
     report(results, args)
     report_inbox(results)
+    report_bursts(bursts, args.burst)
     if args.purge_rows:
         report_purge(purge_results, args)
 
@@ -337,6 +348,54 @@ def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, f
         name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
         for name, runs in results.items()
     }
+
+
+def burst(base: str, env: dict[str, str], size: int) -> dict[str, Any]:
+    """Send ``size`` identical POSTs with one key at once; count answers and effects."""
+    import psycopg  # noqa: PLC0415
+
+    key = f"burst-{time.time_ns()}"
+    barrier = threading.Barrier(size)
+
+    def send(_: int) -> str:
+        request = urllib.request.Request(  # noqa: S310 - loopback only
+            base + SCENARIOS["fresh"]["path"],
+            data=BODY.encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": AUTH,
+                "Idempotency-Key": key,
+            },
+        )
+        barrier.wait()
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+                return f"{response.status} {response.headers.get('Idempotency-Status')}"
+        except urllib.error.HTTPError as error:
+            return f"{error.code} {json.loads(error.read()).get('code', '')}"
+
+    count = "SELECT count(*) FROM payments_payment"
+    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+        before = connection.execute(count).fetchone()[0]  # type: ignore[index]
+        started = time.monotonic()
+        with concurrent.futures.ThreadPoolExecutor(size) as pool:
+            answers = list(pool.map(send, range(size)))
+        seconds = time.monotonic() - started
+        effects = connection.execute(count).fetchone()[0] - before  # type: ignore[index]
+    return {"answers": collections.Counter(answers), "effects": effects, "seconds": seconds}
+
+
+def report_bursts(bursts: list[dict[str, Any]], size: int) -> None:
+    print(f"\n{size} requests with one key at once, {len(bursts)} times\n")
+    print(f"{'effects':>7} {'last answer s':>13}  answers")
+    for result in bursts:
+        answers = ", ".join(f"{n} x {answer}" for answer, n in result["answers"].most_common())
+        print(f"{result['effects']:>7} {result['seconds']:>13.2f}  {answers}")
+    if any(result["effects"] != 1 for result in bursts):
+        raise SystemExit("a burst did not have exactly one effect")
+    if any(answer.startswith("5") for result in bursts for answer in result["answers"]):
+        raise SystemExit("a burst got a 5xx answer")
 
 
 def report_inbox(results: dict[str, list[dict[str, float]]]) -> None:
