@@ -473,7 +473,7 @@ def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded
     result = relay()
 
     message.refresh_from_db()
-    assert (result.dead, message.status, message.attempts) == (0, "dead", 2)
+    assert (result.dead, message.status, message.attempts) == (1, "dead", 2)
     assert message.last_error == "The relay stopped during attempt 2."
     assert recorded == []
 

@@ -154,7 +154,8 @@ def relay(
         if max_seconds is not None and time.monotonic() - started >= max_seconds:
             complete = False
             break
-        batch = _claim(using, now(), batch_size, lease)
+        batch, spent = _claim(using, now(), batch_size, lease)
+        counts[Status.DEAD] += spent
         if not batch:
             break
         batches += 1
@@ -203,8 +204,13 @@ def relay(
     return result
 
 
-def _claim(using: str, now: datetime, limit: int, lease: timedelta) -> list[OutboxMessage]:
-    """Take up to ``limit`` due messages for ``lease``, counting the attempt; commit."""
+def _claim(
+    using: str, now: datetime, limit: int, lease: timedelta
+) -> tuple[list[OutboxMessage], int]:
+    """Take up to ``limit`` due messages for ``lease``, counting the attempt; commit.
+
+    Return them, and how many due messages were marked dead instead: their attempts ran out.
+    """
     pending = OutboxMessage.objects.using(using).filter(status=Status.PENDING)
     # A message waits while an older one with its ordering key is pending, even one that
     # another relay holds or that waits for its retry.
@@ -244,7 +250,7 @@ def _claim(using: str, now: datetime, limit: int, lease: timedelta) -> list[Outb
     for message in batch:
         message.attempts += 1
         message.next_attempt_at = now + lease
-    return batch
+    return batch, len(spent)
 
 
 def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
