@@ -1,11 +1,11 @@
-"""Signals sent for each idempotency decision.
+"""Signals sent for each idempotency decision, and for each step of an inbox event.
 
-Every signal is sent with ``sender`` set to the view's class (or function) and these keyword
-arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or invalid),
-``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response returned,
-or ``None`` when the view raised).
-Receivers run in the request, so keep them fast; they are called with ``send_robust()``, and
-an exception in one is logged, never turned into an error for the client.
+The decision signals are sent with ``sender`` set to the view's class (or function) and these
+keyword arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or
+invalid), ``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response
+returned, or ``None`` when the view raised).
+Receivers run in the request (or the worker), so keep them fast; they are called with
+``send_robust()``, and an exception in one is logged, never turned into an error for the client.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ from celery import shared_task
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.inbox.processing import dispatch_due, process
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from django_idempotency.outbox.relaying import relay
 
 
 @shared_task(name="django_idempotency.purge_expired_keys", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
@@ -40,16 +42,12 @@ def sweep_expired_leases() -> int:
 )
 def process_inbox_event(event_pk: int) -> str:
     """Attempt to process one inbox event; return the outcome."""
-    from django_idempotency.inbox.processing import process  # noqa: PLC0415 - the app registry must be ready
-
     return process(event_pk).value
 
 
 @shared_task(name="django_idempotency.dispatch_due_inbox_events", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
 def dispatch_due_inbox_events(limit: int = 500) -> int:
     """Dispatch inbox events whose retry is due or whose dispatch was lost; return how many."""
-    from django_idempotency.inbox.processing import dispatch_due  # noqa: PLC0415 - see above
-
     return dispatch_due(limit=limit)
 
 
@@ -63,8 +61,6 @@ def purge_processed_inbox_events(max_seconds: float | None = 240.0) -> int:
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
 def relay_outbox(batch_size: int = 50, max_seconds: float | None = 240.0) -> int:
     """Dispatch the outbox's due messages; return how many were dispatched."""
-    from django_idempotency.outbox.relaying import relay  # noqa: PLC0415 - see above
-
     return relay(batch_size=batch_size, max_seconds=max_seconds).dispatched
 
 
