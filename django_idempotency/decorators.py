@@ -1,4 +1,4 @@
-"""``@idempotent`` for plain Django views."""
+"""``@idempotent`` and ``@conditional`` for plain Django views."""
 
 from __future__ import annotations
 
@@ -7,13 +7,22 @@ from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import router, transaction
 
+from django_idempotency.conditional import (
+    CONDITIONAL_METHODS,
+    PreconditionError,
+    advance_version,
+    check_preconditions,
+    etag_for_version,
+)
 from django_idempotency.engine import Engine, Policy, default_engine
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from datetime import timedelta
 
+    from django.db.models import Model, QuerySet
     from django.http import HttpRequest, HttpResponseBase
 
     from django_idempotency.engine import Recover
@@ -109,3 +118,77 @@ def _is_drf_view(view_func: ViewFunction) -> bool:
         return False
     view_class = getattr(view_func, "cls", None)
     return isinstance(view_class, type) and issubclass(view_class, APIView)
+
+
+def conditional(
+    queryset: QuerySet[Any],
+    *,
+    version_field: str | None = None,
+    etag: Callable[[Model], str] | None = None,
+    lookup_field: str = "pk",
+    lookup_url_kwarg: str | None = None,
+    required: bool = False,
+) -> Callable[[ViewFunction], ViewFunction]:
+    """Give a plain view of one object a strong ``ETag`` and make its updates conditional.
+
+    The object is ``queryset``'s row whose ``lookup_field`` is the URL argument
+    ``lookup_url_kwarg`` (by default, of the same name). Its ETag is its ``version_field`` (an
+    integer the decorator adds one to, with a compare-and-set, before each ``PUT``, ``PATCH`` or
+    ``DELETE`` runs the view) or what ``etag(obj)`` returns (a quoted strong ETag: build it with
+    ``etag_for_version`` or ``etag_for_content`` from ``django_idempotency.conditional``); with
+    ``etag``, the row is locked (``SELECT … FOR UPDATE``) from the check to the commit instead.
+    The view runs in the same transaction, which rolls back if it answers an error. Answers as
+    ``ConditionalMixin`` does: ``304``, ``412 precondition.failed``, ``428 precondition.required``
+    (when ``required``) and ``400 precondition.invalid``.
+    """
+    if (version_field is None) == (etag is None):
+        msg = "@conditional needs either version_field or etag, not both."
+        raise ImproperlyConfigured(msg)
+    url_kwarg = lookup_url_kwarg or lookup_field
+
+    def current_etag(instance: Model | None) -> str | None:
+        if instance is None:
+            return None
+        if etag is not None:
+            return etag(instance)
+        return etag_for_version(getattr(instance, version_field))  # type: ignore[arg-type] # set
+
+    def decorator(view_func: ViewFunction) -> ViewFunction:
+        @wraps(view_func)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            rows = queryset.filter(**{lookup_field: kwargs[url_kwarg]})
+            if request.method not in CONDITIONAL_METHODS:
+                tag = current_etag(rows.first())
+                answer = check_preconditions(request, tag)
+                if answer is not None:
+                    return answer
+                response = view_func(request, *args, **kwargs)
+                if tag is not None and 200 <= response.status_code < 300:
+                    response.headers.setdefault("ETag", tag)
+                return response
+            using = router.db_for_write(queryset.model)
+            with transaction.atomic(using=using):
+                if etag is not None:
+                    rows = rows.select_for_update()
+                instance = rows.first()
+                answer = check_preconditions(request, current_etag(instance), required=required)
+                if answer is not None:
+                    return answer
+                if instance is not None and version_field is not None:
+                    if_match = request.headers.get("If-Match", "").strip()
+                    try:
+                        advance_version(instance, version_field, expected=if_match not in {"", "*"})
+                    except PreconditionError as error:
+                        return error.response
+                response = view_func(request, *args, **kwargs)
+                if response.status_code >= 400:
+                    transaction.set_rollback(True, using=using)
+                elif request.method != "DELETE" and instance is not None:
+                    tag = current_etag(rows.first())
+                    if tag is not None:
+                        response.headers.setdefault("ETag", tag)
+            return response
+
+        return wrapper
+
+    return decorator

@@ -1,9 +1,21 @@
-"""``IdempotentMixin`` for Django REST framework views and viewsets."""
+"""Django REST framework adapters: ``IdempotentMixin`` and ``ConditionalMixin``."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
+from django.db import router, transaction
+from rest_framework.utils.encoders import JSONEncoder
+
+from django_idempotency.conditional import (
+    CONDITIONAL_METHODS,
+    PreconditionError,
+    advance_version,
+    check_preconditions,
+    etag_for_content,
+    etag_for_version,
+)
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
 from django_idempotency.engine import (
     DATABASE_UNAVAILABLE,
@@ -18,13 +30,18 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
     from datetime import timedelta
 
+    from django.db.models import Model, QuerySet
     from django.http import HttpResponseBase
+    from rest_framework.generics import GenericAPIView
     from rest_framework.request import Request
+    from rest_framework.serializers import BaseSerializer
     from rest_framework.views import APIView
 
     _Base = APIView
+    _GenericBase = GenericAPIView
 else:
     _Base = object
+    _GenericBase = object
 
 
 class IdempotentMixin(_Base):
@@ -126,3 +143,129 @@ class IdempotentMixin(_Base):
             )
 
         return idempotent_handler
+
+
+class ConditionalMixin(_GenericBase):  # type: ignore[type-arg] # any model
+    """Give a detail view a strong ``ETag``, and make its updates conditional on ``If-Match``.
+
+    Put it before the generic view class: ``class PaymentDetail(ConditionalMixin,
+    RetrieveUpdateDestroyAPIView)``. ``GET`` and ``HEAD`` answer with the ``ETag`` (and ``304``
+    to a matching ``If-None-Match``); ``PUT``, ``PATCH`` and ``DELETE`` with an ``If-Match`` that
+    does not match the current ``ETag`` answer ``412 precondition.failed``, and without
+    ``If-Match`` they answer ``428 precondition.required`` when ``precondition_required`` is set.
+
+    The ETag is the ``etag_version_field`` column (an integer the mixin adds one to on each
+    update, with a compare-and-set) or, without one, a hash of the serialized representation,
+    read under a row lock (``SELECT … FOR UPDATE``) held until the update commits. Either way,
+    of two updates sent with the same ``If-Match``, one succeeds and the other gets a 412.
+    """
+
+    etag_version_field: str | None = None
+    precondition_required: bool = False
+
+    _lock_for_update = False
+    _conditional_instance: Model | None = None
+
+    def get_etag(self, instance: Model) -> str:
+        """Return the strong ETag of ``instance``'s current state."""
+        if self.etag_version_field is not None:
+            return etag_for_version(getattr(instance, self.etag_version_field))
+        return self._etag_of_data(self.get_serializer(instance).data)
+
+    @staticmethod
+    def _etag_of_data(data: Any) -> str:
+        # The data, not the rendered bytes: the browsable API and JSON give the same ETag.
+        return etag_for_content(json.dumps(data, cls=JSONEncoder).encode())
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        # Wrapped before IdempotentMixin (if any) wraps the handler in turn: the transaction of
+        # a lease-mode key, which commits before the view runs, stays outside this one.
+        name = (request.method or "").lower()
+        handler = getattr(self, name, None)
+        if request.method in CONDITIONAL_METHODS and handler is not None:
+            setattr(self, name, self._in_transaction(handler))
+        super().initial(request, *args, **kwargs)
+
+    def _in_transaction(
+        self, handler: Callable[..., HttpResponseBase]
+    ) -> Callable[..., HttpResponseBase]:
+        def conditional_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            # The check and the write commit together (a savepoint inside an outer transaction).
+            using = router.db_for_write(self.get_queryset().model)
+            with transaction.atomic(using=using):
+                return handler(request, *args, **kwargs)
+
+        return conditional_handler
+
+    def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        queryset = super().filter_queryset(queryset)
+        if self._lock_for_update:
+            features = transaction.get_connection(queryset.db).features
+            # Lock this model's row only, not rows of tables joined by select_related.
+            of = ("self",) if features.has_select_for_update_of else ()
+            queryset = queryset.select_for_update(of=of)
+        return queryset
+
+    def get_object(self) -> Any:
+        unsafe = self.request.method in CONDITIONAL_METHODS
+        self._lock_for_update = unsafe and self.etag_version_field is None
+        try:
+            instance = super().get_object()
+        finally:
+            self._lock_for_update = False
+        if unsafe:
+            answer = check_preconditions(
+                self.request._request,
+                self.get_etag(instance),
+                required=self.precondition_required,
+            )
+            if answer is not None:
+                raise PreconditionError(answer)
+        self._conditional_instance = instance
+        return instance
+
+    def _if_match_given(self) -> bool:
+        # "If-Match: *" asks only that the resource exists, which get_object has established.
+        if_match = self.request.headers.get("If-Match", "").strip()
+        return bool(if_match) and if_match != "*"
+
+    def perform_update(self, serializer: BaseSerializer[Any]) -> None:
+        """Advance the version (a compare-and-set when ``If-Match`` was given), then save."""
+        if self.etag_version_field is not None:
+            instance = self._conditional_instance
+            assert instance is not None, "get_object() ran first"  # noqa: S101 - an invariant
+            advance_version(instance, self.etag_version_field, expected=self._if_match_given())
+        super().perform_update(serializer)  # type: ignore[misc] # UpdateModelMixin's
+
+    def perform_destroy(self, instance: Model) -> None:
+        """Claim the version with a compare-and-set when ``If-Match`` was given, then delete."""
+        if self.etag_version_field is not None and self._if_match_given():
+            advance_version(instance, self.etag_version_field, expected=True)
+        super().perform_destroy(instance)  # type: ignore[misc] # DestroyModelMixin's
+
+    def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override] # DRF finalizes any HttpResponseBase
+        if isinstance(exc, PreconditionError):
+            return exc.response
+        return super().handle_exception(exc)
+
+    def finalize_response(  # type: ignore[override] # a 304 is not a DRF Response
+        self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
+        instance = self._conditional_instance
+        if (
+            instance is None
+            or not 200 <= response.status_code < 300
+            or request.method not in {"GET", "HEAD", "PUT", "PATCH"}
+            or response.has_header("ETag")
+        ):
+            return response
+        data = getattr(response, "data", None)
+        if self.etag_version_field is None and data is not None:
+            etag = self._etag_of_data(data)  # what get_etag would give, without serializing twice
+        else:
+            etag = self.get_etag(instance)
+        response["ETag"] = etag
+        if request.method in {"GET", "HEAD"}:
+            return check_preconditions(request._request, etag, response=response) or response
+        return response

@@ -38,6 +38,15 @@ UNAVAILABLE = Problem(
 )
 
 
+# Conditional requests (If-Match).
+PRECONDITION_FAILED = Problem(
+    "precondition.failed", 412, "The resource has changed since the given version"
+)
+PRECONDITION_REQUIRED = Problem(
+    "precondition.required", 428, "This request must be conditional (If-Match)"
+)
+PRECONDITION_INVALID = Problem("precondition.invalid", 400, "The If-Match header is malformed")
+
 # The webhook inbox's answers to a sender.
 SIGNATURE_MISSING = Problem("inbox.signature_missing", 400, "The webhook signature is missing")
 SIGNATURE_INVALID = Problem("inbox.signature_invalid", 400, "The webhook signature is not valid")
@@ -61,6 +70,9 @@ ALL = (
     PAYLOAD_MISMATCH,
     IN_PROGRESS,
     UNAVAILABLE,
+    PRECONDITION_FAILED,
+    PRECONDITION_REQUIRED,
+    PRECONDITION_INVALID,
     SIGNATURE_MISSING,
     SIGNATURE_INVALID,
     SIGNATURE_EXPIRED,

@@ -31,3 +31,14 @@ class Refund(models.Model):
 
     def __str__(self) -> str:
         return f"refund {self.amount} for {self.event_id}"
+
+
+class Document(models.Model):
+    """A resource updated with If-Match: its ETag is its version, or its representation's hash."""
+
+    title = models.CharField(max_length=200)
+    body = models.TextField(blank=True, default="")
+    version = models.PositiveIntegerField(default=1)
+
+    def __str__(self) -> str:
+        return self.title

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
-from tests.testapp import views, webhooks
+from tests.testapp import conditional, views, webhooks
 
 router = SimpleRouter()
 router.register("viewset-payments", views.PaymentViewSet, basename="viewset-payment")
@@ -34,6 +34,13 @@ urlpatterns = [
     path("text-note/", views.TextNoteView.as_view()),
     path("lease-recovering/", views.RecoveringLeasePaymentView.as_view()),
     path("api/", include(router.urls)),
+    path("documents/<int:pk>/", conditional.VersionedDocument.as_view()),
+    path("documents/<int:pk>/by-content/", conditional.ContentDocument.as_view()),
+    path("documents/<int:pk>/strict/", conditional.StrictDocument.as_view()),
+    path("documents/<int:pk>/idempotent/", conditional.IdempotentDocument.as_view()),
+    path("plain-documents/<int:pk>/", conditional.plain_versioned),
+    path("plain-documents/<int:pk>/by-content/", conditional.plain_by_content),
+    path("plain-documents/<int:pk>/idempotent/", conditional.plain_idempotent),
     path("webhooks/tests/", webhooks.TestWebhook.as_view()),
     path("webhooks/small/", webhooks.SmallWebhook.as_view()),
     path("webhooks/stripe/", webhooks.StripeWebhook.as_view()),
