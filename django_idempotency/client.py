@@ -5,6 +5,11 @@ A request is retried only when sending it again is safe: an idempotent method, o
 ``Retry-After``, never run past a total deadline, and draw on a per-host retry budget, so that
 retries cannot multiply the load on a service that is already failing.
 
+Within a request that ``RetryGuardMiddleware`` handles, the client also keeps the promises of the
+request's caller (``django_idempotency.guard``): it does not retry when the caller retries, and it
+does not wait past the caller's deadline. It tells the services it calls the same, in the
+``Do-Not-Retry`` and ``Request-Timeout-Ms`` headers.
+
 The loop is tenacity's; this module supplies its retry, wait and stop decisions. The httpx
 transports are defined only if httpx is installed, the requests adapter only if requests is.
 """
@@ -26,6 +31,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
+from django_idempotency import guard
 from django_idempotency.backoff import decorrelated_jitter, equal_jitter, full_jitter
 
 try:
@@ -92,6 +98,10 @@ Jitter = Literal["full", "equal", "decorrelated"]
 # A discarded response is read to its end so that its connection can be reused, unless its body
 # is longer than this; then the connection is closed instead.
 _DRAIN_LIMIT: Final = 64 * 1024
+
+# An attempt made with no time left still gets this long (seconds): it fails at once, with the
+# HTTP client's own timeout error.
+_MIN_TIMEOUT: Final = 0.001
 
 # Budget amounts are counted in millionths of a token, so that sums of deposits are exact.
 _TOKEN: Final = 1_000_000
@@ -204,6 +214,7 @@ class RetryPolicy:
     budget: RetryBudgets | None = _SHARED_BUDGETS
     key_header: str = "Idempotency-Key"
     add_keys: bool = True
+    propagate: bool = True
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     sleep: Callable[[float], None] = time.sleep
@@ -265,26 +276,42 @@ class _Operation(Generic[R]):
         status: Callable[[R], int],
         retry_after: Callable[[R], str | None],
         transient: Callable[[BaseException], bool],
+        set_timeout: Callable[[float], None],
     ) -> None:
         self.policy = policy
         self.method = method.upper()
         self.host = host
+        self.headers = headers
         self._status = status
         self._retry_after = retry_after
         self._transient = transient
+        self._set_timeout = set_timeout
         keyed = policy.key_header in headers
         if not keyed and policy.add_keys and self.method in KEYED_METHODS:
             # Added once, to the original request, so that every retry repeats the same key and
             # the server can recognise the retries as one operation.
             headers[policy.key_header] = str(uuid.uuid4())
             keyed = True
-        self.retryable = replayable and (
-            self.method in IDEMPOTENT_METHODS or (self.method in KEYED_METHODS and keyed)
+        self.retryable = (
+            replayable
+            and policy.max_attempts > 1
+            and (self.method in IDEMPOTENT_METHODS or (self.method in KEYED_METHODS and keyed))
         )
+        inbound = guard.current() if policy.propagate else guard.Inbound()
+        if not inbound.retries_allowed:
+            # The caller of the request being handled retries it: retrying here too would
+            # multiply the attempts on the service below.
+            self.retryable = False
+        if policy.propagate and (self.retryable or not inbound.retries_allowed):
+            headers[guard.DO_NOT_RETRY_HEADER] = "1"
         self.budget = None if policy.budget is None else policy.budget.budget_for(host)
         if self.budget is not None:
             self.budget.deposit()
         self.started = policy.clock()
+        caller_waits = inbound.remaining()
+        self.deadline = self.started + (
+            policy.deadline if caller_waits is None else min(policy.deadline, caller_waits)
+        )
         self.reason = ""
         self.discarded: R | None = None
         self._previous_delay = policy.base_delay
@@ -337,7 +364,8 @@ class _Operation(Generic[R]):
             # Only Retry-After can ask for more than max_delay. Coming back sooner than the server
             # asked would be refused again, so the response is returned now.
             return "retry_after"
-        if policy.clock() + delay > self.started + policy.deadline:
+        if policy.clock() + delay >= self.deadline:
+            # The next attempt would have no time left to run.
             return "deadline"
         # Last, so that a token is spent only on a retry that will happen.
         if self.budget is not None and not self.budget.try_withdraw():
@@ -390,6 +418,14 @@ class _Operation(Generic[R]):
             "retry_error_callback": self.give_up,
         }
 
+    def before_attempt(self) -> None:
+        """Bound the attempt by what is left of the deadline, and tell the server so."""
+        left = max(0.0, self.deadline - self.policy.clock())
+        # An attempt cannot outlast the deadline: timeouts shrink inward, call after call.
+        self._set_timeout(max(left, _MIN_TIMEOUT))
+        if self.policy.propagate:
+            self.headers[guard.TIMEOUT_HEADER] = str(int(left * 1000))
+
     def run(self, send: Callable[[], R], discard: Callable[[R], None]) -> R:
         """Send the request until it succeeds or a retry is not allowed."""
 
@@ -399,7 +435,11 @@ class _Operation(Generic[R]):
                 self.discarded = None
             self.policy.sleep(seconds)
 
-        return tenacity.Retrying(sleep=sleep, **self._pieces())(send)
+        def attempt() -> R:
+            self.before_attempt()
+            return send()
+
+        return tenacity.Retrying(sleep=sleep, **self._pieces())(attempt)
 
     async def arun(
         self, send: Callable[[], Awaitable[R]], discard: Callable[[R], Awaitable[None]]
@@ -414,7 +454,11 @@ class _Operation(Generic[R]):
                 self.discarded = None
             await self.policy.async_sleep(seconds)
 
-        return cast("R", await tenacity.AsyncRetrying(sleep=sleep, **self._pieces())(send))
+        async def attempt() -> R:
+            self.before_attempt()
+            return await send()
+
+        return cast("R", await tenacity.AsyncRetrying(sleep=sleep, **self._pieces())(attempt))
 
 
 class _RetryIfTransient(retry_base):
@@ -480,7 +524,18 @@ if _HAVE_HTTPX:
             error, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
         )
 
+    # The timeouts of httpx's "timeout" request extension (seconds; None: no limit).
+    _HTTPX_TIMEOUTS: Final = ("connect", "read", "write", "pool")
+
     def _httpx_operation(policy: RetryPolicy, request: httpx.Request) -> _Operation[httpx.Response]:
+        configured = dict(request.extensions.get("timeout") or {})
+
+        def set_timeout(seconds: float) -> None:
+            request.extensions["timeout"] = {
+                name: seconds if configured.get(name) is None else min(configured[name], seconds)
+                for name in _HTTPX_TIMEOUTS
+            }
+
         return _Operation(
             policy,
             method=request.method,
@@ -490,6 +545,7 @@ if _HAVE_HTTPX:
             status=lambda response: response.status_code,
             retry_after=lambda response: response.headers.get("Retry-After"),
             transient=_httpx_transient,
+            set_timeout=set_timeout,
         )
 
     def _discard_httpx(response: httpx.Response) -> None:
@@ -597,6 +653,12 @@ if _HAVE_REQUESTS:
             finally:
                 response.close()
 
+    def _shrink_requests_timeout(timeout: Any, seconds: float) -> Any:
+        # requests takes a number, a (connect, read) pair, or None for no limit.
+        if isinstance(timeout, tuple):
+            return tuple(seconds if part is None else min(part, seconds) for part in timeout)
+        return seconds if timeout is None else min(timeout, seconds)
+
     class RetryAdapter(HTTPAdapter):
         """Send each request of a ``requests.Session``, retrying it as ``policy`` allows.
 
@@ -618,6 +680,11 @@ if _HAVE_REQUESTS:
         ) -> requests.Response:
             """Send ``request``, and send it again while it fails and a retry is allowed."""
             url = urlsplit(request.url or "")
+            attempt_timeout: list[Any] = [timeout]
+
+            def set_timeout(seconds: float) -> None:
+                attempt_timeout[0] = _shrink_requests_timeout(timeout, seconds)
+
             operation: _Operation[requests.Response] = _Operation(
                 self.policy,
                 method=request.method or "GET",
@@ -627,16 +694,19 @@ if _HAVE_REQUESTS:
                 status=lambda response: response.status_code,
                 retry_after=lambda response: response.headers.get("Retry-After"),
                 transient=_requests_transient,
+                set_timeout=set_timeout,
             )
-            send = functools.partial(
-                super().send,
-                request,
-                stream=stream,
-                timeout=timeout,
-                verify=verify,
-                cert=cert,
-                proxies=proxies,
-            )
+
+            def send() -> requests.Response:
+                return super(RetryAdapter, self).send(
+                    request,
+                    stream=stream,
+                    timeout=attempt_timeout[0],
+                    verify=verify,
+                    cert=cert,
+                    proxies=proxies,
+                )
+
             return operation.run(send, _discard_requests)
 
     def retrying_session(policy: RetryPolicy | None = None) -> requests.Session:

@@ -615,13 +615,25 @@ def test_time_spent_in_attempts_counts_towards_the_deadline(kind, server, fake):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_a_wait_that_ends_exactly_at_the_deadline_is_allowed(kind, server, fake):
+def test_a_wait_that_ends_at_the_deadline_is_not_taken(kind, server, fake):
     server.script.append(answer(503))
 
     policy = make_policy(fake, base_delay=2.0, random=lambda: 1.0, deadline=2.0)
 
+    assert call(kind, policy, "GET", server.url()).status == 503
+    assert fake.sleeps == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_last_attempt_gets_what_is_left_of_the_deadline(kind, server, fake):
+    server.script.append(answer(503))
+
+    policy = make_policy(fake, base_delay=2.0, random=lambda: 1.0, deadline=2.5)
+
     assert call(kind, policy, "GET", server.url()).status == 200
     assert fake.sleeps == [2.0]
+    # Each attempt tells the server how long the client still waits for its answer.
+    assert [seen.headers["request-timeout-ms"] for seen in server.seen] == ["2500", "500"]
 
 
 # --- the retry budget -------------------------------------------------------------------------

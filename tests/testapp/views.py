@@ -19,6 +19,8 @@ from rest_framework.response import Response
 from rest_framework.throttling import UserRateThrottle
 from rest_framework.views import APIView
 
+from django_idempotency import guard
+from django_idempotency.client import RetryPolicy, retrying_client
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from tests.testapp.models import LedgerEntry, Payment
@@ -257,3 +259,26 @@ class TextNoteView(IdempotentMixin, APIView):
     def post(self, request):
         Payment.objects.create(amount=len(request.data))
         return Response({"note": request.data}, status=201)
+
+
+def guard_echo(request):
+    """What the retry guard knows of this request's caller."""
+    return JsonResponse(
+        {"remaining": guard.remaining(), "retries_allowed": guard.retries_allowed()}
+    )
+
+
+async def guard_echo_async(request):
+    return JsonResponse(
+        {"remaining": guard.remaining(), "retries_allowed": guard.retries_allowed()}
+    )
+
+
+@csrf_exempt
+def relay(request):
+    """A service in the middle: call the service named by X-Downstream, retrying, and relay its
+    status, as an API gateway or a backend-for-frontend does."""
+    policy = RetryPolicy(max_attempts=3, base_delay=0.0, max_delay=0.0, budget=None)
+    with retrying_client(policy) as http:
+        response = http.get(request.headers["X-Downstream"])
+    return JsonResponse({"downstream": response.status_code}, status=response.status_code)
