@@ -20,6 +20,9 @@ class Payment(models.Model):
     )
     currency = models.CharField(_("currency"), max_length=3, help_text=_("ISO 4217, lower case."))
     description = models.CharField(_("description"), max_length=255, blank=True)
+    metadata = models.JSONField(_("metadata"), default=dict, blank=True)
+    # The payment's ETag: updates with If-Match compare and advance it (ConditionalMixin).
+    version = models.PositiveIntegerField(_("version"), default=1, editable=False)
     amount_refunded = models.PositiveBigIntegerField(_("amount refunded"), default=0)
     provider_reference = models.CharField(_("provider reference"), max_length=64)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)

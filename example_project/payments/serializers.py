@@ -21,14 +21,23 @@ class PaymentSerializer(serializers.ModelSerializer):
             "amount",
             "currency",
             "description",
+            "metadata",
+            "version",
             "amount_refunded",
             "provider_reference",
             "created_at",
         ]
-        read_only_fields = ["amount_refunded", "provider_reference", "created_at"]
+        read_only_fields = ["version", "amount_refunded", "provider_reference", "created_at"]
 
     def validate_currency(self, value: str) -> str:
         return value.lower()
+
+
+class PaymentUpdateSerializer(PaymentSerializer):
+    """A payment's description and metadata can change; the money cannot."""
+
+    amount = serializers.IntegerField(read_only=True)
+    currency = serializers.CharField(read_only=True)
 
 
 class RefundSerializer(serializers.ModelSerializer):

@@ -14,11 +14,11 @@ from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from django_idempotency.drf import IdempotentMixin
+from django_idempotency.drf import ConditionalMixin, IdempotentMixin
 from django_idempotency.outbox import publish
 from payments import provider
 from payments.models import LedgerEntry, Payment, Refund
-from payments.serializers import PaymentSerializer, RefundSerializer
+from payments.serializers import PaymentSerializer, PaymentUpdateSerializer, RefundSerializer
 
 if TYPE_CHECKING:
     from django.db.models import QuerySet
@@ -63,11 +63,24 @@ class PaymentList(IdempotentMixin, generics.ListCreateAPIView):
         record_payment(serializer, self.request.user, reference)
 
 
-class PaymentDetail(generics.RetrieveAPIView):
-    serializer_class = PaymentSerializer
+class PaymentDetail(ConditionalMixin, IdempotentMixin, generics.RetrieveUpdateAPIView):
+    """Read a payment (with its ``ETag``), or change its description and metadata.
+
+    Send the ``ETag`` you read back in ``If-Match``: if someone changed the payment since, the
+    update is refused with 412 instead of silently overwriting their change. A ``PATCH`` sent
+    again with its ``Idempotency-Key`` is replayed rather than refused.
+    """
+
+    etag_version_field = "version"
+    idempotency_required = False
 
     def get_queryset(self) -> QuerySet[Payment]:
         return Payment.objects.filter(owner=self.request.user)
+
+    def get_serializer_class(self) -> type[PaymentSerializer]:
+        if self.request.method in {"PUT", "PATCH"}:
+            return PaymentUpdateSerializer
+        return PaymentSerializer
 
 
 class RefundList(IdempotentMixin, generics.ListCreateAPIView):

@@ -66,6 +66,7 @@ class Answer:
     content: bytes
     data: dict[str, Any]
     location: str | None
+    etag: str | None = None
 
     @classmethod
     def of(cls, response: HttpResponse) -> Answer:
@@ -79,6 +80,7 @@ class Answer:
             content=response.content,
             data=data if isinstance(data, dict) else {},
             location=response.get("Location"),
+            etag=response.get("ETag"),
         )
 
     @property
@@ -120,6 +122,10 @@ class Api:
 
     def get(self, path: str) -> Answer:
         return Answer.of(self.client.get(path))
+
+    def patch(self, path: str, data: dict[str, Any], headers: dict[str, str]) -> Answer:
+        response = self.client.patch(path, data, content_type="application/json", headers=headers)
+        return Answer.of(response)
 
 
 @dataclass(frozen=True)
@@ -453,6 +459,40 @@ def outbox_to_inbox() -> Story:
     return story
 
 
+def lost_update() -> Story:
+    story, alice = Story("k. two edits, one ETag"), Api("alice")
+    created = alice.post(PAYMENTS, payment_data(4200, "unsorted"), new_key())
+    url = f"{PAYMENTS}{created.data.get('id')}/"
+    read = alice.get(url)
+    story.exchange("two clerks GET one payment", f"{read.status}, both see ETag {read.etag}")
+    key = new_key()
+    first = alice.patch(
+        url, {"description": "gift"}, {"If-Match": read.etag or "", "Idempotency-Key": key}
+    )
+    story.exchange(f"1: PATCH gift, If-Match {read.etag}", f"{first.status}, ETag {first.etag}")
+    second = alice.patch(url, {"description": "office"}, {"If-Match": read.etag or ""})
+    story.exchange(
+        f"2: PATCH office, If-Match {read.etag}", f"{second.describe()}, ETag {second.etag}"
+    )
+    retry = alice.patch(
+        url, {"description": "gift"}, {"If-Match": read.etag or "", "Idempotency-Key": key}
+    )
+    story.exchange(f"1 again, {short(key)}", f"{retry.status} {retry.idempotency_status}")
+    payment = Payment.objects.filter(pk=created.data.get("id")).first()
+    story.effect = (
+        [f"description: {payment.description}", f"version {payment.version}"]
+        if payment
+        else ["no payment"]
+    )
+    story.expect(first.status == 200 and first.etag != read.etag, "first edit not applied")
+    story.expect(second.code == "precondition.failed", "the stale edit was not refused")
+    story.expect(second.etag == first.etag, "412 without the current ETag")
+    story.expect(retry.idempotency_status == "replayed", "the retried edit was not replayed")
+    story.expect(payment is not None and payment.description == "gift", "an edit was lost")
+    story.expect(payment is not None and payment.version == 2, "not exactly one new version")
+    return story
+
+
 STORIES: list[Callable[[], Story]] = [
     double_click,
     lost_response,
@@ -464,6 +504,7 @@ STORIES: list[Callable[[], Story]] = [
     crash_after_charge,
     provider_webhooks,
     outbox_to_inbox,
+    lost_update,
 ]
 
 
