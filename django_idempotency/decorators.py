@@ -142,7 +142,7 @@ def conditional(
     (when ``required``) and ``400 precondition.invalid``.
     """
     if (version_field is None) == (etag is None):
-        msg = "@conditional needs either version_field or etag, not both."
+        msg = "@conditional needs exactly one of version_field and etag."
         raise ImproperlyConfigured(msg)
     url_kwarg = lookup_url_kwarg or lookup_field
 

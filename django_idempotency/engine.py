@@ -211,9 +211,16 @@ class _Keyed:
     route: str
     fingerprint: str
 
-    def claim(self, store: KeyStore, now: datetime) -> Claim | None:
+    def claim_or_replay(
+        self, store: KeyStore, now: datetime, *, alone: bool
+    ) -> Claim | StoredResponse | Conflict:
+        """Claim the key, or replay the row that holds it, or say why neither can be done.
+
+        Run inside ``transaction.atomic``; ``alone`` if that transaction writes nothing else.
+        Raise ``KeyBusy`` if the wait on a concurrent request with the key timed out.
+        """
         lease = self.policy.mode == "lease"
-        return store.claim(
+        claimed = store.claim_or_replay(
             scope=self.scope,
             key=self.key,
             method=self.request.method or "",
@@ -223,10 +230,13 @@ class _Keyed:
             expires_at=now + self.policy.ttl,
             wait_timeout=self.policy.wait_timeout,
             locked_until=now + self.policy.lease_timeout if lease else None,
+            alone=alone,
         )
-
-    def replay(self, store: KeyStore, now: datetime) -> StoredResponse | Conflict:
-        found = store.replay(scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now)
+        if isinstance(claimed, Claim):
+            return claimed
+        found = claimed or store.replay(
+            scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now, alone=alone
+        )
         if isinstance(found, StoredResponse):
             self.remember(found, store.using)  # read-through
         return found
@@ -397,13 +407,15 @@ class Engine:
         policy = keyed.policy
         store = KeyStore(router.db_for_write(IdempotencyKey))
         now = self.clock()
+        # Under ATOMIC_REQUESTS (or any enclosing transaction) a replay shares its commit with
+        # writes that are not ours to make less durable.
+        alone = not transaction.get_connection(store.using).in_atomic_block
         with transaction.atomic(using=store.using):
-            claim = keyed.claim(store, now)
-            if claim is None:
-                found = keyed.replay(store, now)
-                if isinstance(found, Conflict) and found.fingerprint_matches:
+            claim = keyed.claim_or_replay(store, now, alone=alone)
+            if not isinstance(claim, Claim):
+                if isinstance(claim, Conflict) and claim.fingerprint_matches:
                     raise KeyBusy
-                return _answer_from(found)
+                return _answer_from(claim)
 
             # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises
             # an API error. A savepoint then undoes just the view's writes, and its answer is
@@ -450,11 +462,10 @@ class Engine:
         while True:
             now = self.clock()
             with transaction.atomic(using=store.using):
-                claim = keyed.claim(store, now)
-                found = None if claim else keyed.replay(store, now)
-            if claim is not None:
+                found = keyed.claim_or_replay(store, now, alone=True)
+            if isinstance(found, Claim):
+                claim = found
                 break
-            assert found is not None  # noqa: S101 - for the type checker
             if isinstance(found, StoredResponse) or not found.fingerprint_matches:
                 return _answer_from(found)
             # The first request still holds its lease: look again until the wait runs out. A

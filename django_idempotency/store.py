@@ -72,6 +72,19 @@ def _aware(value: datetime | str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
+def _stored(row: tuple[Any, ...]) -> StoredResponse:
+    status, headers, body, replay_count, expires_at = row
+    if isinstance(headers, str):  # Django loads JSON columns as text
+        headers = json.loads(headers)
+    return StoredResponse(
+        status=status,
+        headers=[(name, value) for name, value in headers or []],
+        body=bytes(body or b""),
+        replay_count=replay_count,
+        expires_at=_aware(expires_at),
+    )
+
+
 def _field(name: str) -> Field[Any, Any]:
     return cast("Field[Any, Any]", IdempotencyKey._meta.get_field(name))
 
@@ -79,6 +92,9 @@ def _field(name: str) -> Field[Any, Any]:
 class _Statements(NamedTuple):
     claim: str
     replay: str
+    replay_relaxed: str
+    claim_or_replay: str | None  # PostgreSQL only
+    claim_or_replay_relaxed: str | None
     complete: str
     fail: str
 
@@ -116,28 +132,6 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"OR {t}.{c('locked_until')} <= %s "
         f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
     )
-    if vendor == "postgresql":
-        # One round trip: the CTE sets a transaction-local lock_timeout before the insert can
-        # wait on a duplicate's uncommitted row, and RETURNING puts the previous value back
-        # once the claim is won, so the view's own queries are not bounded by it. A claim that
-        # loses (a replay, a mismatch) runs no view and its transaction ends at once; only an
-        # enclosing ATOMIC_REQUESTS transaction keeps the bound until the request ends.
-        claim = (
-            "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
-            "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "
-            f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded {conflict}, "
-            "set_config('lock_timeout', (SELECT value FROM previous), true)"
-        )
-    else:
-        claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
-    replay = (
-        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
-        f"{c('last_replayed_at')} = %s "
-        f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
-        f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
-        f"RETURNING {c('response_status')}, {c('response_headers')}, {c('response_body')}, "
-        f"{c('replay_count')}, {c('expires_at')}"
-    )
     # The lease version fences the write: a request whose row was taken over changes nothing.
     complete = (
         f"UPDATE {t} SET {c('state')} = %s, {c('response_status')} = %s, "  # noqa: S608
@@ -148,7 +142,65 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL "  # noqa: S608
         f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
     )
-    return _Statements(claim, replay, complete, fail)
+    replay = (
+        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
+        f"{c('last_replayed_at')} = %s "
+        f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
+        f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
+        f"RETURNING {c('response_status')}, {c('response_headers')}, {c('response_body')}, "
+        f"{c('replay_count')}, {c('expires_at')}"
+    )
+    # A replay writes nothing but its count, and losing a count in a crash is harmless: on
+    # PostgreSQL its transaction may commit without waiting for the WAL flush, which is most of
+    # what a replay would otherwise cost.
+    relax = "set_config('synchronous_commit', 'off', true)"
+    replay_relaxed = f"{replay}, {relax}" if vendor == "postgresql" else replay
+    if vendor != "postgresql":
+        claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
+        return _Statements(claim, replay, replay_relaxed, None, None, complete, fail)
+    # One round trip: the CTE sets a transaction-local lock_timeout before the insert can wait
+    # on a duplicate's uncommitted row, and RETURNING puts the previous value back once the
+    # claim is won, so the view's own queries are not bounded by it. A claim that loses (a
+    # replay, a mismatch) runs no view and its transaction ends at once; only an enclosing
+    # ATOMIC_REQUESTS transaction keeps the bound until the request ends.
+    bounded_insert = (
+        "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "
+        "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous)"
+    )
+    restore = "set_config('lock_timeout', (SELECT value FROM previous), true)"
+    claim = (
+        f"{bounded_insert} INSERT INTO {t} ({columns}) SELECT {values} "  # noqa: S608
+        f"FROM bounded {conflict}, {restore}"
+    )
+
+    # The claim and the replay in one round trip: the UPDATE runs only if the INSERT claimed
+    # nothing, and finds the row if it was committed before the statement began. A row that a
+    # concurrent request committed while the INSERT waited for it is not in the statement's
+    # snapshot: then the replay is left to a second statement.
+    # Its last column is selected so that the function runs.
+    update, returning = replay.split(" RETURNING ", 1)
+
+    def claim_or_replay(last: str) -> str:
+        return (
+            f"{bounded_insert}, claimed AS (INSERT INTO {t} ({columns}) "  # noqa: S608
+            f"SELECT {values} FROM bounded {conflict}, {restore} AS done), "
+            f"replayed AS ({update} AND NOT EXISTS (SELECT FROM claimed) "
+            f"RETURNING {returning}) "
+            f"SELECT {c('id')}, {c('lease_version')}, {c('attempts')}, "
+            "NULL, NULL, NULL, NULL, NULL, done FROM claimed UNION ALL "
+            f"SELECT NULL, NULL, NULL, {c('response_status')}, {c('response_headers')}, "
+            f"{c('response_body')}, {c('replay_count')}, {c('expires_at')}, {last} FROM replayed"
+        )
+
+    return _Statements(
+        claim,
+        replay,
+        replay_relaxed,
+        claim_or_replay("NULL"),
+        claim_or_replay(relax),
+        complete,
+        fail,
+    )
 
 
 # Built once per database vendor, not per request.
@@ -187,6 +239,35 @@ class KeyStore:
         ``None`` if a live row holds the key. Must run inside ``transaction.atomic``. Raises
         ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
+        params = self._claim_params(
+            scope=scope,
+            key=key,
+            method=method,
+            route=route,
+            fingerprint=fingerprint,
+            now=now,
+            expires_at=expires_at,
+            wait_timeout=wait_timeout,
+            locked_until=locked_until,
+        )
+        row = self._fetch(self.sql.claim, params)
+        if row is None:
+            return None
+        return Claim(id=row[0], lease_version=row[1], attempts=row[2])
+
+    def _claim_params(
+        self,
+        *,
+        scope: str,
+        key: str,
+        method: str,
+        route: str,
+        fingerprint: str,
+        now: datetime,
+        expires_at: datetime,
+        wait_timeout: float,
+        locked_until: datetime | None = None,
+    ) -> list[Any]:
         prepared_now = self._prep("expires_at", now)
         params = [
             scope, key, method, route, fingerprint, IdempotencyKey.State.IN_PROGRESS, 1,
@@ -195,22 +276,72 @@ class KeyStore:
         ]  # fmt: skip
         if self.connection.vendor == "postgresql":
             params.insert(0, f"{max(1, round(wait_timeout * 1000))}ms")
+        return params
+
+    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        """Run a claiming statement; ``KeyBusy`` if its wait on a duplicate timed out."""
         with self.connection.cursor() as cursor:
             try:
-                cursor.execute(self.sql.claim, params)
+                cursor.execute(sql, params)
             except OperationalError as exc:
                 if _is_lock_timeout(exc):
                     raise KeyBusy from exc
                 raise
-            row = cursor.fetchone()
+            return cast("tuple[Any, ...] | None", cursor.fetchone())
+
+    def claim_or_replay(
+        self,
+        *,
+        scope: str,
+        key: str,
+        method: str,
+        route: str,
+        fingerprint: str,
+        now: datetime,
+        expires_at: datetime,
+        wait_timeout: float,
+        locked_until: datetime | None = None,
+        alone: bool = False,
+    ) -> Claim | StoredResponse | None:
+        """Claim the key as ``claim()`` does or, if a live row holds it, replay that row.
+
+        One round trip on PostgreSQL. ``None`` when neither was done: then ``replay()`` says
+        why (the row is still running, or its fingerprint differs), or replays a row that a
+        concurrent request committed while this one waited. ``alone`` as for ``replay()``.
+        """
+        fields: dict[str, Any] = {
+            "scope": scope,
+            "key": key,
+            "method": method,
+            "route": route,
+            "fingerprint": fingerprint,
+            "now": now,
+            "expires_at": expires_at,
+            "wait_timeout": wait_timeout,
+            "locked_until": locked_until,
+        }
+        sql = self.sql.claim_or_replay_relaxed if alone else self.sql.claim_or_replay
+        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
+            return self.claim(**fields)
+        prepared_now = self._prep("last_replayed_at", now)
+        params = self._claim_params(**fields)
+        params += [prepared_now, scope, key, IdempotencyKey.State.SUCCEEDED, fingerprint]
+        params.append(prepared_now)
+        row = self._fetch(sql, params)
         if row is None:
             return None
-        return Claim(id=row[0], lease_version=row[1], attempts=row[2])
+        if row[0] is not None:
+            return Claim(id=row[0], lease_version=row[1], attempts=row[2])
+        return _stored(row[3:8])
 
     def replay(
-        self, *, scope: str, key: str, fingerprint: str, now: datetime
+        self, *, scope: str, key: str, fingerprint: str, now: datetime, alone: bool = False
     ) -> StoredResponse | Conflict:
-        """Count a replay of the completed row and return its response, or say why not."""
+        """Count a replay of the completed row and return its response, or say why not.
+
+        ``alone``: nothing else is written in this transaction, so its commit need not wait
+        for the disk (the count is all it would lose in a crash).
+        """
         prepared_now = self._prep("last_replayed_at", now)
         params = [
             prepared_now,
@@ -221,19 +352,10 @@ class KeyStore:
             prepared_now,
         ]
         with self.connection.cursor() as cursor:
-            cursor.execute(self.sql.replay, params)
+            cursor.execute(self.sql.replay_relaxed if alone else self.sql.replay, params)
             row = cursor.fetchone()
         if row is not None:
-            status, headers, body, replay_count, expires_at = row
-            if isinstance(headers, str):  # Django loads JSON columns as text
-                headers = json.loads(headers)
-            return StoredResponse(
-                status=status,
-                headers=[(name, value) for name, value in headers or []],
-                body=bytes(body or b""),
-                replay_count=replay_count,
-                expires_at=_aware(expires_at),
-            )
+            return _stored(row[:5])
         stored_fingerprint = (
             IdempotencyKey.objects.using(self.using)
             .filter(scope=scope, key=key)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponse
+from django.test import RequestFactory
 
+from django_idempotency.decorators import conditional
 from tests.conftest import ApiClient
 from tests.test_store import in_threads
 from tests.testapp.models import Document
@@ -288,3 +292,24 @@ def test_concurrent_retries_of_one_keyed_update_answer_alike_and_apply_once(alic
     assert sorted(outcome for *_, outcome in answers) == ["replayed"] * 7 + ["stored"]
     document.refresh_from_db()
     assert document.version == 2
+
+
+def test_a_missing_object_under_a_plain_view_is_the_views_own_answer(client):
+    def missing(request, pk):
+        return HttpResponse(status=404)
+
+    view = conditional(Document.objects.all(), version_field="version")(missing)
+    request = RequestFactory().patch("/", "{}", "application/json", headers={"If-Match": '"1"'})
+    assert view(request, pk=999).status_code == 404
+    assert view(RequestFactory().get("/"), pk=999).status_code == 404
+
+
+def test_a_delete_without_if_match_deletes(client_alice, document):
+    assert client_alice.send("DELETE", VERSIONED.format(document.pk)).status_code == 204
+    assert not Document.objects.exists()
+
+
+@pytest.mark.parametrize("options", [{}, {"version_field": "version", "etag": str}])
+def test_conditional_needs_exactly_one_source_of_etags(options):
+    with pytest.raises(ImproperlyConfigured, match="exactly one of version_field and etag"):
+        conditional(Document.objects.all(), **options)

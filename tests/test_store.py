@@ -6,14 +6,18 @@ import json
 import logging
 import threading
 import time
+from datetime import timedelta
 
 import psycopg
 import pytest
-from django.db import close_old_connections, connection
+from django.db import close_old_connections, connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import Claim, KeyStore, StoredResponse
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
@@ -245,8 +249,53 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
     # The claim (lock_timeout included) and the completion, in one transaction.
     assert len(fresh_statements) == len(bare_statements) + 2, fresh_statements
     assert fresh_commits == 1
-    # Authentication, the claim that finds the row, and the replay that counts itself.
-    assert len(replay_statements) == 3, replay_statements
+    # Authentication, then one statement: the claim that finds the row replays it.
+    assert len(replay_statements) == 2, replay_statements
+
+
+def synchronous_commit():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('synchronous_commit')")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_only_a_replay_alone_in_its_transaction_commits_without_waiting_for_the_disk(alone):
+    store, now = KeyStore("default"), timezone.now()
+    fields = {
+        "scope": "s", "key": "k", "method": "POST", "route": "r/", "fingerprint": "f" * 64,
+        "now": now, "expires_at": now + timedelta(hours=1), "wait_timeout": 1,
+    }  # fmt: skip
+    with transaction.atomic():
+        claim = store.claim_or_replay(**fields, alone=alone)
+        # A claim's transaction commits the view's writes with the key: always durable.
+        assert isinstance(claim, Claim)
+        assert synchronous_commit() == "on"
+        store.complete(claim, status=201, headers=[], body=b"{}", now=now)
+    with transaction.atomic():
+        replayed = store.claim_or_replay(**fields, alone=alone)
+        assert isinstance(replayed, StoredResponse)
+        assert replayed.replay_count == 1
+        # A replay's only write is its count: alone, its commit need not wait for the disk.
+        assert synchronous_commit() == ("off" if alone else "on")
+    assert synchronous_commit() == "on"
+
+
+def test_a_replay_under_atomic_requests_stays_durable(client_alice, key, monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    seen = []
+
+    def look(**kwargs):
+        seen.append(synchronous_commit())  # still inside the request's transaction
+
+    signals.key_replayed.connect(look)
+    try:
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    finally:
+        signals.key_replayed.disconnect(look)
+    assert response["Idempotency-Status"] == "replayed"
+    assert seen == ["on"]
 
 
 def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
