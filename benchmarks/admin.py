@@ -3,7 +3,8 @@
 
 Fills the key table (a tenth of the keys expired, a few stuck leases), logs in a superuser and
 times the changelist, each filter, the search and a key's page with Django's test client: the
-whole request, queries and template included. Prints the median of several loads.
+whole request, queries and template included. Prints the median of several loads as a Markdown
+table.
 
 Usage: python benchmarks/admin.py [--keys N] [--loads N]   (PGHOST/PGPORT/PGUSER as usual)
 """
@@ -11,7 +12,6 @@ Usage: python benchmarks/admin.py [--keys N] [--loads N]   (PGHOST/PGPORT/PGUSER
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -19,7 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlencode
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import drop_database, plural, recreate_database, setup_django, table
+
 DATABASE = "idempotency_bench_admin"
 
 FILL_SQL = (
@@ -35,42 +39,37 @@ FILL_SQL = (
     "FROM generate_series(1, %s) AS n"
 )
 
+# The pages, named as docs/benchmarks.md names them, and their query strings.
 PAGES = {
-    "changelist": "",
+    "the key list": "",
     "filter: expired": "?expired=yes",
     "filter: stuck lease": "?lease=expired",
     "filter: state": "?state__exact=succeeded",
     "filter: method": "?method=POST",
-    "filter: expiry date": "?{past_week}",
-    "page 100": "?p=99",
+    "filter: expiry date (past 7 days)": "?{past_week}",
+    "page 100 of the list": "?p=99",
     "search by key": "?q={key}",
 }
 
 
-def main() -> None:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--loads", type=int, default=5)
-    args = parser.parse_args()
+    return parser.parse_args(argv)
 
-    import psycopg  # noqa: PLC0415
 
-    server = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"),
-        "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"),
-    }
-    with psycopg.connect(**server, dbname="postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """The median milliseconds of each page over ``args.loads`` loads, after one to warm up."""
+    recreate_database(DATABASE)
+    try:
+        setup_django(DATABASE)
+        return _measure(args)
+    finally:
+        drop_database(DATABASE)
 
-    sys.path.insert(0, str(ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["TEST_DATABASE"] = "postgresql"
-    os.environ["TEST_PG_NAME"] = DATABASE
-    import django  # noqa: PLC0415
 
-    django.setup()
+def _measure(args: argparse.Namespace) -> dict[str, float]:
     from django.contrib.auth.models import User  # noqa: PLC0415
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connection  # noqa: PLC0415
@@ -102,8 +101,7 @@ def main() -> None:
     }
     pages["a key's page"] = f"{changelist}{key.pk}/change/"
 
-    print(f"{args.keys:,} keys on PostgreSQL; median of {args.loads} loads\n")
-    print(f"{'page':<20} {'ms':>8}")
+    medians = {}
     for name, url in pages.items():
         timings = []
         for _ in range(args.loads + 1):  # the first load warms up
@@ -112,7 +110,25 @@ def main() -> None:
             timings.append((time.perf_counter() - started) * 1000)
             if response.status_code != 200:
                 raise SystemExit(f"{name}: {response.status_code}")
-        print(f"{name:<20} {statistics.median(timings[1:]):>8.1f}", flush=True)
+        medians[name] = statistics.median(timings[1:])
+    connection.close()
+    return medians
+
+
+def report(medians: dict[str, float], args: argparse.Namespace) -> str:
+    return "\n\n".join(
+        [
+            f"{args.keys:,} keys on PostgreSQL, a tenth of them expired; whole requests through "
+            f"Django's test client (queries and templates included), median of "
+            f"{plural(args.loads, 'load')}:",
+            table(["page", "ms"], [[name, f"{ms:,.1f}"] for name, ms in medians.items()]),
+        ]
+    )
+
+
+def main() -> None:
+    args = parse_arguments()
+    print(report(measure(args), args))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 """Outbox relay throughput on PostgreSQL: messages per second, with one relay and with three.
 
 Fills the outbox with N pending messages, then times relays (separate processes) until every
-message is dispatched. Two dispatchers:
+message is dispatched, and prints the rates as a Markdown table. Two dispatchers:
   noop     does nothing: what the relay itself costs (claim, lease, mark)
   webhook  the WebhookDispatcher, signing each message and POSTing it to a loopback server
            that answers 204 at once
@@ -16,13 +16,16 @@ from __future__ import annotations
 import argparse
 import http.server
 import multiprocessing
-import os
 import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import drop_database, dsn, recreate_database, setup_django, table
+
 DATABASE = "idempotency_bench_outbox"
 
 FILL_SQL = (
@@ -33,19 +36,16 @@ FILL_SQL = (
 )
 
 
-def setup_django() -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["TEST_DATABASE"] = "postgresql"
-    os.environ["TEST_PG_NAME"] = DATABASE
-    import django  # noqa: PLC0415
-
-    django.setup()
+# How the tables name the dispatchers.
+DISPATCHERS = {
+    "noop": "none (the relay's own cost: claim, lease, mark)",
+    "webhook": "`WebhookDispatcher` to a loopback server that answers 204",
+}
 
 
 def run_relay(dispatcher: str, url: str, batch_size: int, ready: object, go: object) -> None:
     """One relay process: register the dispatcher, wait for the start, relay until done."""
-    setup_django()
+    setup_django(DATABASE)
     from django_idempotency.outbox import WebhookDispatcher, register_dispatcher, relay  # noqa: PLC0415
 
     if dispatcher == "noop":
@@ -69,7 +69,8 @@ class Receiver(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def measure(args: argparse.Namespace, dispatcher: str, relays: int, url: str) -> float:
+def measure_one(args: argparse.Namespace, dispatcher: str, relays: int, url: str) -> float:
+    """Messages per second of ``relays`` relays with ``dispatcher``, from a full outbox."""
     import psycopg  # noqa: PLC0415
     from django.db import connection  # noqa: PLC0415
 
@@ -87,58 +88,75 @@ def measure(args: argparse.Namespace, dispatcher: str, relays: int, url: str) ->
     for process in processes:
         process.start()
     for _ in processes:
-        ready.acquire()
+        if not ready.acquire(timeout=120):
+            for process in processes:
+                process.terminate()
+            raise SystemExit("a relay process did not start")
     started = time.monotonic()
     go.set()
     for process in processes:
         process.join()
     seconds = time.monotonic() - started
-    with psycopg.connect(dbname=DATABASE, **server_params()) as check:
+    if any(process.exitcode for process in processes):
+        raise SystemExit("a relay process failed")
+    with psycopg.connect(dsn(DATABASE)) as check:
         left = check.execute(
             "SELECT count(*) FROM django_idempotency_outboxmessage WHERE status <> 'dispatched'"
         ).fetchone()
     if left and left[0]:
         raise SystemExit(f"{left[0]} messages were not dispatched")
-    return args.messages / seconds
+    return float(args.messages / seconds)
 
 
-def server_params() -> dict[str, str]:
-    return {
-        "host": os.environ.get("PGHOST", "127.0.0.1"),
-        "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"),
-    }
-
-
-def main() -> None:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--relays", type=int, nargs="+", default=[1, 3])
     parser.add_argument("--batch-size", type=int, default=100)
-    parser.add_argument("--dispatchers", nargs="+", default=["noop", "webhook"])
-    args = parser.parse_args()
+    parser.add_argument("--dispatchers", nargs="+", choices=DISPATCHERS, default=list(DISPATCHERS))
+    return parser.parse_args(argv)
 
-    import psycopg  # noqa: PLC0415
 
-    with psycopg.connect(**server_params(), dbname="postgres", autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DATABASE}")
-    setup_django()
-    from django.core.management import call_command  # noqa: PLC0415
-
-    call_command("migrate", "django_idempotency", verbosity=0)
-
+def measure(args: argparse.Namespace) -> dict[str, dict[int, float]]:
+    """Messages per second of each dispatcher with each number of relays."""
+    recreate_database(DATABASE)
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{receiver.server_address[1]}/hook/"
+    try:
+        setup_django(DATABASE)
+        from django.core.management import call_command  # noqa: PLC0415
 
-    print(f"{args.messages:,} pending messages, batches of {args.batch_size}\n")
-    print(f"{'dispatcher':<10} {'relays':>6} {'messages/s':>11}")
-    for dispatcher in args.dispatchers:
-        for relays in args.relays:
-            rate = measure(args, dispatcher, relays, url)
-            print(f"{dispatcher:<10} {relays:>6} {rate:>11,.0f}", flush=True)
-    receiver.shutdown()
+        call_command("migrate", "django_idempotency", verbosity=0)
+        return {
+            dispatcher: {
+                relays: measure_one(args, dispatcher, relays, url) for relays in args.relays
+            }
+            for dispatcher in args.dispatchers
+        }
+    finally:
+        receiver.shutdown()
+        drop_database(DATABASE)
+
+
+def report(rates: dict[str, dict[int, float]], args: argparse.Namespace) -> str:
+    header = ["dispatcher"] + [f"{n} relay{'s' if n > 1 else ''}" for n in args.relays]
+    rows = [
+        [DISPATCHERS[dispatcher]] + [f"{rate:,.0f} messages/s" for rate in by_relays.values()]
+        for dispatcher, by_relays in rates.items()
+    ]
+    return "\n\n".join(
+        [
+            f"Relays in separate processes, from {args.messages:,} pending messages until all "
+            f"are dispatched, batches of {args.batch_size}:",
+            table(header, rows),
+        ]
+    )
+
+
+def main() -> None:
+    args = parse_arguments()
+    print(report(measure(args), args))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,14 @@ Scenarios, alternated round by round so that every ratio comes from one run:
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
 Then, once a round, a burst of 64 POSTs with one key sent at once: the effects in the database,
 the answers, and the time to the last answer.
+With --sweep 1 2 4 ..., bare, fresh and replay again at each of those numbers of connections,
+alternated the same way, for a plot of throughput against concurrency (--plot PATH draws it).
+With --purge-rows N, fresh POSTs alone and while a throttled purge deletes N expired keys.
 
-Needs wrk (Debian package "wrk"), a PostgreSQL server (PGHOST/PGPORT/PGUSER, default
-127.0.0.1:5432/postgres) and Redis on 127.0.0.1:6379 (database 13 is flushed).
-Usage: python benchmarks/run.py [--duration S] [--rounds N] ...
+Prints Markdown tables. Needs wrk (Debian package "wrk"), a PostgreSQL server
+(PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) and Redis on 127.0.0.1:6379 (database 13
+is flushed); the plot needs matplotlib (in the bench extra).
+Usage: python benchmarks/run.py [--duration S] [--rounds N] [--sweep N ...] [--plot PATH] ...
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import argparse
 import base64
 import collections
 import concurrent.futures
+import contextlib
+import dataclasses
+import functools
 import json
 import os
 import re
@@ -34,9 +41,16 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-ROOT = Path(__file__).resolve().parent.parent
+if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import ROOT, drop_database, millis, plural, ratio, recreate_database, table
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 DATABASE = "idempotency_bench"
 BODY = json.dumps({"amount": 1250, "currency": "EUR", "description": "benchmark"})
 AUTH = "Basic " + base64.b64encode(b"alice:password").decode()
@@ -70,6 +84,21 @@ SCENARIOS = {
     "inbox": {"path": "/webhooks/provider/"},
 }
 WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
+SWEEP_SCENARIOS = ("bare", "fresh", "replay")
+
+# How the tables and the plot name the scenarios.
+LABELS = {
+    "bare": "`bare`",
+    "fresh": "`fresh` (new key each time)",
+    "replay": "`replay` (same key each time)",
+    "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
+    "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
+}
+PLOT_LABELS = {
+    "bare": "bare view (no idempotency)",
+    "fresh": "idempotent, a new key each time",
+    "replay": "idempotent, replays (same key)",
+}
 
 # Webhooks need a signature per event, which wrk cannot compute: each round's script carries
 # events signed beforehand, and each thread sends each of its events twice.
@@ -90,6 +119,29 @@ function request()
   return wrk.format("POST", "%(path)s", headers, event[1])
 end
 """
+
+# wrk's figures of one run: requests, rps, p50 and p99 (milliseconds).
+Measure = dict[str, float]
+Runs = dict[str, list[Measure]]
+
+
+@dataclasses.dataclass
+class Server:
+    """The example app under gunicorn: its address and its processes' environment."""
+
+    base: str
+    env: dict[str, str]
+
+
+@dataclasses.dataclass
+class Results:
+    """Everything one run measured, round by round."""
+
+    rounds: Runs
+    bursts: list[dict[str, Any]]
+    sweep: dict[str, dict[int, list[Measure]]] = dataclasses.field(default_factory=dict)
+    during_purge: Runs = dataclasses.field(default_factory=dict)
+    purges: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
 def environment(port: int) -> dict[str, str]:
@@ -114,16 +166,7 @@ def manage(env: dict[str, str], *args: str) -> None:
 def prepare_database(env: dict[str, str]) -> None:
     import psycopg  # noqa: PLC0415 - only the benchmark needs it at this point
 
-    admin = {
-        "host": os.environ.get("PGHOST", "127.0.0.1"),
-        "port": os.environ.get("PGPORT", "5432"),
-        "user": os.environ.get("PGUSER", "postgres"),
-        "dbname": "postgres",
-        "autocommit": True,
-    }
-    with psycopg.connect(**admin) as connection:
-        connection.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        connection.execute(f"CREATE DATABASE {DATABASE}")
+    recreate_database(DATABASE)
     manage(env, "migrate", "--verbosity", "0")
     with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
         connection.execute(
@@ -135,6 +178,8 @@ def prepare_database(env: dict[str, str]) -> None:
     manage(
         env,
         "shell",
+        "--verbosity",
+        "0",
         "-c",
         "from django.contrib.auth.models import User; "
         "User.objects.create_user('alice', password='password')",
@@ -155,7 +200,33 @@ def wait_until_up(url: str, timeout: float = 30) -> None:
     raise SystemExit(f"the server did not answer at {url}")
 
 
-def webhook_script(path: str, args: argparse.Namespace, prefix: str) -> str:
+@contextlib.contextmanager
+def serve(args: argparse.Namespace) -> Iterator[Server]:
+    """A new database and gunicorn serving the example on it; both gone afterwards."""
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    env = environment(args.port)
+    try:
+        prepare_database(env)
+        gunicorn = [
+            sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
+            "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
+        ]  # fmt: skip
+        process = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
+        try:
+            base = f"http://127.0.0.1:{args.port}"
+            wait_until_up(base + "/api/payments/")
+            yield Server(base, env)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+    finally:
+        drop_database(DATABASE)
+
+
+@functools.cache
+def signer() -> Any:
+    """The inbox's Stripe signer with the example's secrets: sets Django up in this process."""
     sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
     import django  # noqa: PLC0415 - the signer reads the example's settings
@@ -165,23 +236,38 @@ def webhook_script(path: str, args: argparse.Namespace, prefix: str) -> str:
 
     from django_idempotency.inbox import StripeSignature  # noqa: PLC0415
 
-    signer = StripeSignature(settings.PROVIDER_WEBHOOK_SECRETS)
+    return StripeSignature(settings.PROVIDER_WEBHOOK_SECRETS)
+
+
+def webhook_script(path: str, duration: int, threads: int, prefix: str) -> str:
     # Enough unique events for 4,000 requests a second: they are not sent again in the round.
     events = []
-    for n in range(args.duration * 2_000):
+    for n in range(duration * 2_000):
         body = json.dumps(
             {"id": f"evt_{prefix}_{n}", "type": "refund.succeeded", "data": {"refund": n}}
         ).encode()
-        header = signer.sign(body)["Stripe-Signature"]
+        header = signer().sign(body)["Stripe-Signature"]
         events.append("{[[%s]], [[%s]]}" % (body.decode(), header))  # noqa: UP031 - Lua syntax
-    return WEBHOOK_LUA % {"events": ",\n".join(events), "threads": args.threads, "path": path}
+    return WEBHOOK_LUA % {"events": ",\n".join(events), "threads": threads, "path": path}
 
 
-def run_wrk(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> dict[str, float]:
+def run_wrk(
+    server: Server,
+    scenario: str,
+    args: argparse.Namespace,
+    round_no: int,
+    *,
+    connections: int | None = None,
+    duration: int | None = None,
+) -> Measure:
+    """One wrk run of ``scenario``: by default ``args.connections`` for ``args.duration`` s."""
+    connections = connections or args.connections
+    duration = duration or args.duration
+    threads = min(args.threads, connections)  # wrk needs a connection per thread at least
     spec = SCENARIOS[scenario]
     prefix = f"r{round_no}-{time.time_ns()}"
     if scenario in WEBHOOK_SCENARIOS:
-        script = webhook_script(spec["path"], args, prefix)
+        script = webhook_script(spec["path"], duration, threads, prefix)
     else:
         script = LUA % {
             "auth": AUTH,
@@ -193,14 +279,17 @@ def run_wrk(base: str, scenario: str, args: argparse.Namespace, round_no: int) -
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     command = [
-        "wrk", "--latency", "-t", str(args.threads), "-c", str(args.connections),
-        "-d", f"{args.duration}s", "-s", handle.name, base,
+        "wrk", "--latency", "--timeout", "30s", "-t", str(threads), "-c", str(connections),
+        "-d", f"{duration}s", "-s", handle.name, server.base,
     ]  # fmt: skip
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     Path(handle.name).unlink()
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     if errors:
         raise SystemExit(f"{scenario}: {errors.group(1)} non-2xx answers\n{output}")
+    socket_errors = re.search(r"Socket errors: .*", output)
+    if socket_errors:
+        print(f"{scenario}, {connections} connections: {socket_errors.group()}", file=sys.stderr)
     return {
         "requests": float(re.search(r"(\d+) requests in", output).group(1)),  # type: ignore[union-attr]
         "rps": float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),  # type: ignore[union-attr]
@@ -227,21 +316,26 @@ def rows_created(env: dict[str, str]) -> dict[str, int]:
         }
 
 
-def check_rows(
+def checked_run(
+    server: Server,
     scenario: str,
-    measured: dict[str, float],
-    before: dict[str, int],
-    after: dict[str, int],
     args: argparse.Namespace,
-) -> None:
-    """Fail unless ``scenario`` wrote one row per request (fresh keys), or per two (webhooks)."""
-    if scenario not in COUNTS:
-        return
-    expected = measured["requests"] * COUNTS[scenario][1]
-    written = after[scenario] - before[scenario]
-    # Requests still in flight when wrk stops are written but not counted.
-    if not expected <= written <= expected + args.connections:
-        raise SystemExit(f"{scenario}: {written} rows for {measured['requests']:.0f} requests")
+    round_no: int,
+    *,
+    connections: int | None = None,
+    duration: int | None = None,
+) -> Measure:
+    """``run_wrk``, failing unless the scenario wrote one row per request (or per two)."""
+    before = rows_created(server.env)
+    measured = run_wrk(server, scenario, args, round_no, connections=connections, duration=duration)
+    after = rows_created(server.env)
+    if scenario in COUNTS:
+        expected = measured["requests"] * COUNTS[scenario][1]
+        written = after[scenario] - before[scenario]
+        # Requests still in flight when wrk stops are written but not counted.
+        if not expected <= written <= expected + (connections or args.connections):
+            raise SystemExit(f"{scenario}: {written} rows for {measured['requests']:.0f} requests")
+    return measured
 
 
 def _millis(text: str) -> float:
@@ -249,7 +343,12 @@ def _millis(text: str) -> float:
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
 
 
-def main() -> None:
+def median(runs: list[Measure]) -> Measure:
+    """The median of each figure over ``runs``."""
+    return {metric: statistics.median(run[metric] for run in runs) for metric in runs[0]}
+
+
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=int, default=10, help="seconds per scenario and round")
     parser.add_argument("--rounds", type=int, default=3)
@@ -266,91 +365,106 @@ def main() -> None:
     parser.add_argument(
         "--burst", type=int, default=64, help="same-key requests sent at once, once a round"
     )
-    args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
+    parser.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also run bare, fresh and replay at each of these numbers of connections",
+    )
+    parser.add_argument(
+        "--sweep-duration", type=int, default=5, help="seconds per scenario, level and round"
+    )
+    parser.add_argument("--plot", type=Path, help="draw the sweep's throughput into this PNG")
+    return parser.parse_args(argv)
 
-    env = environment(args.port)
-    prepare_database(env)
-    gunicorn = [
-        sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
-        "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
-    ]  # fmt: skip
-    server = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        wait_until_up(base + "/api/payments/")
-        results: dict[str, list[dict[str, float]]] = {name: [] for name in SCENARIOS}
+
+def measure(args: argparse.Namespace) -> Results:
+    """Serve the example and run every scenario that ``args`` asks for."""
+    with serve(args) as server:
+        rounds: Runs = {name: [] for name in SCENARIOS}
         for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
             for scenario in SCENARIOS:
-                before = rows_created(env)
-                measured = run_wrk(base, scenario, args, round_no)
-                check_rows(scenario, measured, before, rows_created(env), args)
+                measured = checked_run(server, scenario, args, round_no)
                 if round_no:
-                    results[scenario].append(measured)
-        bursts = [burst(base, env, args.burst) for _ in range(args.rounds)]
+                    rounds[scenario].append(measured)
+        results = Results(rounds, [burst(server, args.burst) for _ in range(args.rounds)])
+        check_bursts(results.bursts)
+        if args.sweep:
+            results.sweep = measure_sweep(server, args)
         if args.purge_rows:
-            purge_results = measure_during_purge(base, env, args)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-    report(results, args)
-    report_inbox(results)
-    report_bursts(bursts, args.burst)
-    if args.purge_rows:
-        report_purge(purge_results, args)
+            results.during_purge, results.purges = measure_during_purge(server, args)
+    return results
 
 
+def measure_sweep(server: Server, args: argparse.Namespace) -> dict[str, dict[int, list[Measure]]]:
+    """bare, fresh and replay at each number of connections of ``args.sweep``, alternated."""
+    sweep: dict[str, dict[int, list[Measure]]] = {
+        scenario: {level: [] for level in args.sweep} for scenario in SWEEP_SCENARIOS
+    }
+    for round_no in range(1, args.rounds + 1):
+        for level in args.sweep:
+            for scenario in SWEEP_SCENARIOS:
+                measured = checked_run(
+                    server,
+                    scenario,
+                    args,
+                    300 + round_no,
+                    connections=level,
+                    duration=args.sweep_duration,
+                )
+                sweep[scenario][level].append(measured)
+    return sweep
+
+
+# Set up, say so, and purge when told: starting Python and Django is not part of the purge.
 PURGE = (
-    "import django; django.setup(); "
+    "import json, sys, django; django.setup(); "
     "from django_idempotency.models import IdempotencyKey; "
+    "print('ready', flush=True); sys.stdin.readline(); "
     "r = IdempotencyKey.objects.purge_expired(batch_size=10_000, pause=0.05); "
-    "print(f'purge: {r.deleted} rows in {r.seconds:.1f} s, longest batch "
-    "{r.longest_batch * 1000:.0f} ms', flush=True)"
+    "print(json.dumps({'deleted': r.deleted, 'seconds': r.seconds, "
+    "'longest_batch': r.longest_batch}))"
 )
 
 
 def measure_during_purge(
-    base: str, env: dict[str, str], args: argparse.Namespace
-) -> dict[str, list[dict[str, float]]]:
+    server: Server, args: argparse.Namespace
+) -> tuple[Runs, list[dict[str, float]]]:
     """Fresh POSTs alone, then while a throttled purge runs, round by round."""
     import psycopg  # noqa: PLC0415
 
     from benchmarks.purge import FILL_SQL  # noqa: PLC0415
 
-    results: dict[str, list[dict[str, float]]] = {"alone": [], "during purge": []}
+    results: Runs = {"alone": [], "during the purge": []}
+    purges = []
     for round_no in range(1, args.rounds + 1):
-        with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+        with psycopg.connect(server.env["DATABASE_URL"], autocommit=True) as connection:
             connection.execute(FILL_SQL, [args.purge_rows])
             connection.execute("VACUUM ANALYZE django_idempotency_idempotencykey")
-        results["alone"].append(run_wrk(base, "fresh", args, 100 + round_no))
-        purge = subprocess.Popen([sys.executable, "-c", PURGE], env=env, cwd=ROOT)
-        results["during purge"].append(run_wrk(base, "fresh", args, 200 + round_no))
-        purge.wait(timeout=600)
-    return results
+        results["alone"].append(run_wrk(server, "fresh", args, 100 + round_no))
+        purge = subprocess.Popen(
+            [sys.executable, "-c", PURGE],
+            env=server.env,
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if purge.stdin is None or purge.stdout is None or purge.stdout.readline() != "ready\n":
+            raise SystemExit("the purge did not start")
+        purge.stdin.write("go\n")
+        purge.stdin.flush()
+        results["during the purge"].append(run_wrk(server, "fresh", args, 200 + round_no))
+        output, _ = purge.communicate(timeout=600)
+        if purge.returncode:
+            raise SystemExit("the purge failed")
+        purges.append(json.loads(output))
+    return results, purges
 
 
-def report_purge(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
-    median = {
-        name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
-        for name, runs in results.items()
-    }
-    alone = median["alone"]
-    print(f"\nfresh POSTs while a throttled purge deletes {args.purge_rows} expired keys\n")
-    print(f"{'':<13} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'p99 vs alone':>13}")
-    for name, row in median.items():
-        ratio = row["p99"] / alone["p99"]
-        print(f"{name:<13} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>13.2f}")
-
-
-def medians(results: dict[str, list[dict[str, float]]]) -> dict[str, dict[str, float]]:
-    return {
-        name: {metric: statistics.median(r[metric] for r in runs) for metric in runs[0]}
-        for name, runs in results.items()
-    }
-
-
-def burst(base: str, env: dict[str, str], size: int) -> dict[str, Any]:
+def burst(server: Server, size: int) -> dict[str, Any]:
     """Send ``size`` identical POSTs with one key at once; count answers and effects."""
     import psycopg  # noqa: PLC0415
 
@@ -359,7 +473,7 @@ def burst(base: str, env: dict[str, str], size: int) -> dict[str, Any]:
 
     def send(_: int) -> str:
         request = urllib.request.Request(  # noqa: S310 - loopback only
-            base + SCENARIOS["fresh"]["path"],
+            server.base + SCENARIOS["fresh"]["path"],
             data=BODY.encode(),
             method="POST",
             headers={
@@ -376,7 +490,7 @@ def burst(base: str, env: dict[str, str], size: int) -> dict[str, Any]:
             return f"{error.code} {json.loads(error.read()).get('code', '')}"
 
     count = "SELECT count(*) FROM payments_payment"
-    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
+    with psycopg.connect(server.env["DATABASE_URL"], autocommit=True) as connection:
         before = connection.execute(count).fetchone()[0]  # type: ignore[index]
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(size) as pool:
@@ -386,40 +500,175 @@ def burst(base: str, env: dict[str, str], size: int) -> dict[str, Any]:
     return {"answers": collections.Counter(answers), "effects": effects, "seconds": seconds}
 
 
-def report_bursts(bursts: list[dict[str, Any]], size: int) -> None:
-    print(f"\n{size} requests with one key at once, {len(bursts)} times\n")
-    print(f"{'effects':>7} {'last answer s':>13}  answers")
-    for result in bursts:
-        answers = ", ".join(f"{n} x {answer}" for answer, n in result["answers"].most_common())
-        print(f"{result['effects']:>7} {result['seconds']:>13.2f}  {answers}")
+def check_bursts(bursts: list[dict[str, Any]]) -> None:
+    """Fail unless every burst had exactly one effect and no 5xx answer."""
     if any(result["effects"] != 1 for result in bursts):
-        raise SystemExit("a burst did not have exactly one effect")
+        raise SystemExit(f"a burst did not have exactly one effect: {bursts}")
     if any(answer.startswith("5") for result in bursts for answer in result["answers"]):
-        raise SystemExit("a burst got a 5xx answer")
+        raise SystemExit(f"a burst got a 5xx answer: {bursts}")
 
 
-def report_inbox(results: dict[str, list[dict[str, float]]]) -> None:
-    median = medians(results)
-    bare = median["bare-webhook"]
-    print("\nwebhooks, each event delivered twice (50% duplicates)\n")
-    print(f"{'scenario':<13} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s vs bare':>14}")
-    for name in WEBHOOK_SCENARIOS:
-        row = median[name]
-        ratio = row["rps"] / bare["rps"]
-        print(f"{name:<13} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>14.2f}")
+def _scenario_table(rounds: Runs, names: tuple[str, ...]) -> str:
+    """Median req/s, p50 and p99 of ``names``, each also as a ratio of the first."""
+    medians = {name: median(rounds[name]) for name in names}
+    bare = medians[names[0]]
+    header = ["scenario", "req/s", "req/s vs bare", "p50", "p50 vs bare", "p99", "p99 vs bare"]
+    rows = [
+        [
+            LABELS[name],
+            f"{row['rps']:,.0f}",
+            ratio(row["rps"] / bare["rps"], bold=name != names[0]),
+            millis(row["p50"]),
+            ratio(row["p50"] / bare["p50"], bold=name != names[0]),
+            millis(row["p99"]),
+            ratio(row["p99"] / bare["p99"], bold=name != names[0]),
+        ]
+        for name, row in medians.items()
+    ]
+    return table(header, rows)
 
 
-def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
-    median = {name: row for name, row in medians(results).items() if name not in WEBHOOK_SCENARIOS}
-    bare = median["bare"]
-    print(
-        f"\n{args.rounds} rounds x {args.duration} s, {args.connections} connections, "
-        f"{args.workers} gunicorn workers; medians of the rounds\n"
+def requests_section(results: Results, args: argparse.Namespace) -> str:
+    return (
+        f"{plural(args.rounds, 'round')} x {args.duration} s after a warm-up round, "
+        f"{args.connections} connections, {args.workers} gunicorn sync workers; medians of the "
+        "rounds. Every round checked that `fresh` stored one key per request.\n\n"
+        + _scenario_table(results.rounds, ("bare", "fresh", "replay"))
     )
-    print(f"{'scenario':<8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'req/s vs bare':>14}")
-    for name, row in median.items():
-        ratio = row["rps"] / bare["rps"]
-        print(f"{name:<8} {row['rps']:>9.0f} {row['p50']:>8.2f} {row['p99']:>8.2f} {ratio:>14.2f}")
+
+
+def webhooks_section(results: Results, args: argparse.Namespace) -> str:
+    return (
+        "Signed `refund.succeeded` events, each delivered twice (50% duplicates), in the same "
+        "rounds; every round checked that the inbox recorded one event per two requests.\n\n"
+        + _scenario_table(results.rounds, WEBHOOK_SCENARIOS)
+    )
+
+
+def bursts_section(results: Results, args: argparse.Namespace) -> str:
+    rows = []
+    for number, result in enumerate(results.bursts, 1):
+        counts = result["answers"].most_common()
+        answers = ", ".join(f"{n} × `{answer}`" for answer, n in counts)  # noqa: RUF001
+        payments = "payment" if result["effects"] == 1 else "payments"
+        rows.append(
+            [
+                str(number),
+                f"**{result['effects']}** {payments}",
+                answers,
+                f"{result['seconds']:.2f} s",
+            ]
+        )
+    return (
+        f"{args.burst} identical `POST`s with one key at the same instant, once a round:\n\n"
+        + table(["run", "effects", "answers", "time to the last answer"], rows)
+    )
+
+
+def sweep_section(results: Results, args: argparse.Namespace) -> str:
+    medians = {
+        scenario: {level: median(runs) for level, runs in by_level.items()}
+        for scenario, by_level in results.sweep.items()
+    }
+    header = ["connections"]
+    header += [f"`{scenario}` req/s" for scenario in SWEEP_SCENARIOS]
+    header += [f"`{scenario}` vs `bare`" for scenario in SWEEP_SCENARIOS[1:]]
+    rows = []
+    for level in args.sweep:
+        bare = medians["bare"][level]["rps"]
+        row = [str(level)]
+        row += [f"{medians[scenario][level]['rps']:,.0f}" for scenario in SWEEP_SCENARIOS]
+        row += [
+            ratio(medians[scenario][level]["rps"] / bare, bold=False)
+            for scenario in SWEEP_SCENARIOS[1:]
+        ]
+        rows.append(row)
+    return (
+        f"`bare`, `fresh` and `replay` at each number of connections, "
+        f"{plural(args.rounds, 'round')} x {args.sweep_duration} s alternated, medians:\n\n"
+        + table(header, rows)
+    )
+
+
+def during_purge_section(results: Results, args: argparse.Namespace) -> str:
+    medians = {name: median(runs) for name, runs in results.during_purge.items()}
+    alone = medians["alone"]
+    rows = [
+        [
+            name,
+            f"{row['rps']:,.0f}",
+            millis(row["p50"]),
+            millis(row["p99"]),
+            ratio(row["p99"] / alone["p99"], bold=name != "alone"),
+        ]
+        for name, row in medians.items()
+    ]
+    seconds = ", ".join(f"{purge['seconds']:.1f}" for purge in results.purges)
+    longest = ", ".join(f"{purge['longest_batch'] * 1000:,.0f}" for purge in results.purges)
+    return (
+        f"Fresh idempotent `POST`s, alone and while a purge throttled with `pause=0.05` deletes "
+        f"{args.purge_rows:,} expired keys from the same table, {plural(args.rounds, 'round')} x "
+        f"{args.duration} s alternated, medians. The purge took {seconds} s, its longest batch "
+        f"{longest} ms.\n\n" + table(["", "req/s", "p50", "p99", "p99 vs alone"], rows)
+    )
+
+
+def report(results: Results, args: argparse.Namespace) -> str:
+    """Every table, with a heading each."""
+    sections = {
+        "Requests: idempotent view against the same bare view": requests_section,
+        "Webhooks: the inbox against a view that only inserts the row": webhooks_section,
+        "A burst of one key": bursts_section,
+    }
+    if results.sweep:
+        sections["Throughput against concurrency"] = sweep_section
+    if results.during_purge:
+        sections["Requests during a purge"] = during_purge_section
+    return "\n\n".join(
+        f"## {title}\n\n{section(results, args)}" for title, section in sections.items()
+    )
+
+
+def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
+    """Draw the sweep's median requests per second against connections into the PNG ``path``."""
+    import matplotlib  # noqa: PLC0415 - only the plot needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for scenario in SWEEP_SCENARIOS:
+        levels = sorted(results.sweep[scenario])
+        rates = [median(results.sweep[scenario][level])["rps"] for level in levels]
+        axes.plot(levels, rates, marker="o", label=PLOT_LABELS[scenario])
+    axes.set_xscale("log", base=2)
+    axes.set_xticks(args.sweep, [str(level) for level in args.sweep])
+    axes.minorticks_off()
+    axes.set_ylim(bottom=0)
+    axes.set_xlabel("concurrent connections")
+    axes.set_ylabel("requests per second")
+    axes.set_title(
+        f"POST a payment: gunicorn, {args.workers} sync workers, PostgreSQL\n"
+        f"median of {plural(args.rounds, 'round')} x {args.sweep_duration} s",
+        fontsize="medium",
+    )
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main() -> None:
+    args = parse_arguments()
+    if args.plot and not args.sweep:
+        raise SystemExit("--plot draws the sweep: give --sweep too")
+    results = measure(args)
+    print(report(results, args))
+    if args.plot:
+        plot(results, args, args.plot)
+        print(f"\nThe plot is in {args.plot}.")
 
 
 if __name__ == "__main__":

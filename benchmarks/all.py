@@ -1,0 +1,261 @@
+#!/usr/bin/env python
+"""Every benchmark in one run: each figure of docs/benchmarks.md, and the concurrency plot.
+
+Runs these one after the other, each in a process of its own:
+  run.py     the example under gunicorn on PostgreSQL, driven by wrk: fresh and replay against
+             a bare view, the inbox against a bare webhook view, bursts of one key, bare, fresh
+             and replay at each number of connections of --sweep (plotted into --plot), and
+             fresh POSTs alone and during a purge of --keys expired keys
+  purge.py   purge_expired() against one unbatched DELETE of --keys expired keys
+  admin.py   the admin's pages at --keys keys
+  outbox.py  the outbox relay's throughput
+then prints the machine, the command and every table in Markdown, headed as in
+docs/benchmarks.md. Progress goes to stderr, so `... > results.md` keeps the tables alone. Each
+part drops its database when it is done.
+
+Needs wrk, a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres), Redis
+on 127.0.0.1:6379 and the bench extra. --quick runs every part at a tiny size, in well under a
+minute: a smoke test, whose figures mean nothing.
+Usage: python benchmarks/all.py [--quick] [--rounds N] [--duration S] [--keys N] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import multiprocessing
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks import admin, outbox, purge, run
+from benchmarks.common import ROOT, drop_database, dsn
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from multiprocessing.connection import Connection
+
+T = TypeVar("T")
+
+PLOT = Path("docs/images/benchmark-concurrency.png")  # from the project's root
+
+# What a full run measures where the scripts' own defaults do not say.
+FULL: dict[str, Any] = {"sweep": [1, 2, 4, 8, 16, 32], "keys": 1_000_000}
+# --quick: every part, tiny.
+QUICK: dict[str, Any] = {
+    "duration": 1,
+    "rounds": 1,
+    "burst": 16,
+    "sweep": [1, 4],
+    "sweep_duration": 1,
+    "keys": 20_000,
+    "loads": 1,
+    "messages": 2_000,
+    "relays": [1, 2],
+}
+
+
+def parse_arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of every part, tiny")
+    requests = parser.add_argument_group("requests (run.py; its defaults unless --quick)")
+    requests.add_argument("--duration", type=int, help="seconds per scenario and round (10)")
+    requests.add_argument("--rounds", type=int, help="rounds, after a warm-up round (3)")
+    requests.add_argument("--connections", type=int, help="wrk connections (8)")
+    requests.add_argument("--threads", type=int, help="wrk threads (2)")
+    requests.add_argument("--workers", type=int, help="gunicorn sync workers (2)")
+    requests.add_argument("--port", type=int, help="gunicorn's port on 127.0.0.1 (8765)")
+    requests.add_argument("--burst", type=int, help="same-key requests sent at once (64)")
+    requests.add_argument(
+        "--sweep",
+        type=int,
+        nargs="*",
+        metavar="N",
+        help="numbers of connections for the plot (1 2 4 8 16 32); none: no sweep, no plot",
+    )
+    requests.add_argument(
+        "--sweep-duration", type=int, help="seconds per scenario, level and round (5)"
+    )
+    requests.add_argument(
+        "--plot",
+        type=Path,
+        help=f"the plot's PNG ({PLOT}; with --quick, one in the temporary directory)",
+    )
+    sizes = parser.add_argument_group("the other parts")
+    sizes.add_argument(
+        "--keys", type=int, help="expired keys to purge, keys in the admin (1,000,000)"
+    )
+    sizes.add_argument("--loads", type=int, help="loads of each admin page (5)")
+    sizes.add_argument("--messages", type=int, help="pending outbox messages (100,000)")
+    sizes.add_argument("--relays", type=int, nargs="+", help="numbers of relays (1 3)")
+    args = parser.parse_args()
+    for name, value in (QUICK if args.quick else FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.plot is None:
+        args.plot = Path(tempfile.gettempdir()) / PLOT.name if args.quick else ROOT / PLOT
+    return args
+
+
+def options(**values: Any) -> list[str]:
+    """Command-line options for a script: ``--name value``, or nothing for ``None``."""
+    argv: list[str] = []
+    for name, value in values.items():
+        if value is not None:
+            words = value if isinstance(value, list) else [value]
+            argv += ["--" + name.replace("_", "-"), *map(str, words)]
+    return argv
+
+
+def _call(sender: Connection, function: Callable[[argparse.Namespace], Any], args: Any) -> None:
+    sender.send(function(args))
+    sender.close()
+
+
+def in_own_process(function: Callable[[argparse.Namespace], T], args: argparse.Namespace) -> T:
+    """``function(args)`` in a new interpreter: each part sets Django up in its own way."""
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_call, args=(sender, function, args))
+    process.start()
+    sender.close()
+    try:
+        result: T = receiver.recv()
+    except EOFError:  # it failed, and said why on stderr
+        process.join()
+        raise SystemExit(f"{function.__module__} failed (exit code {process.exitcode})") from None
+    process.join()
+    return result
+
+
+def machine() -> str:
+    """The CPU, the servers and the versions, as a Markdown list."""
+    import psycopg  # noqa: PLC0415
+    import redis  # noqa: PLC0415
+
+    cpu = platform.processor() or platform.machine()
+    memory = ""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        pass
+    else:
+        cpu = re.search(r"model name\s*: (.*)", cpuinfo).group(1)  # type: ignore[union-attr]
+        kib = int(re.search(r"MemTotal:\s*(\d+) kB", meminfo).group(1))  # type: ignore[union-attr]
+        memory = f", {kib / 1024**2:.1f} GiB of memory"
+    with psycopg.connect(dsn("postgres")) as connection:
+        postgres = connection.execute("SHOW server_version").fetchone()[0].split()[0]  # type: ignore[index]
+    redis_version = redis.Redis().info("server")["redis_version"]
+    wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
+    wrk_version = re.search(r"wrk (\S+)", wrk.stdout + wrk.stderr)
+    packages = {
+        "Django": "django",
+        "Django REST framework": "djangorestframework",
+        "gunicorn": "gunicorn",
+        "psycopg": "psycopg",
+        "Celery": "celery",
+    }
+    versions = ", ".join(
+        f"{name} {metadata.version(package)}" for name, package in packages.items()
+    )
+    return "\n".join(
+        [
+            f"- {cpu}, {multiprocessing.cpu_count()} cores{memory}",
+            f"- {platform.system()} {platform.release()}; PostgreSQL {postgres}, "
+            f"Redis {redis_version}, wrk {wrk_version.group(1) if wrk_version else '?'}",
+            f"- Python {platform.python_version()}, {versions}",
+        ]
+    )
+
+
+def main() -> None:
+    args = parse_arguments()
+    run_args = run.parse_arguments(
+        options(
+            duration=args.duration,
+            rounds=args.rounds,
+            connections=args.connections,
+            threads=args.threads,
+            workers=args.workers,
+            port=args.port,
+            burst=args.burst,
+            sweep=args.sweep,
+            sweep_duration=args.sweep_duration,
+            purge_rows=args.keys,
+        )
+    )
+    purge_args = purge.parse_arguments(options(rows=args.keys))
+    admin_args = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
+    outbox_args = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
+    load = run_args.duration * (run_args.rounds * 7 + 5)
+    load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
+    progress(f"wrk alone will run for {load / 60:.1f} min; the fills and the other parts add more")
+
+    started = time.monotonic()
+    try:
+        progress("requests, bursts, sweep, requests during a purge")
+        requests = in_own_process(run.measure, run_args)
+        if run_args.sweep:
+            run.plot(requests, run_args, args.plot)
+        progress("purge against one DELETE")
+        purged = in_own_process(purge.measure, purge_args)
+        progress("admin pages")
+        pages = in_own_process(admin.measure, admin_args)
+        progress("outbox relays")
+        relayed = in_own_process(outbox.measure, outbox_args)
+    finally:  # in case a part died before it could drop its database
+        for database in (run.DATABASE, purge.DATABASE, admin.DATABASE, outbox.DATABASE):
+            drop_database(database)
+    minutes = (time.monotonic() - started) / 60
+
+    command = shlex.join(["python", "benchmarks/all.py", *sys.argv[1:]])
+    today = datetime.datetime.now(datetime.UTC).date()
+    sections = [
+        f"# Benchmarks\n\n`{command}`, {today}, {minutes:.1f} min.",
+        f"## The machine\n\n{machine()}",
+        "## Requests: idempotent view against the same bare view\n\n"
+        + run.requests_section(requests, run_args),
+        "## Webhooks: the inbox against a view that only inserts the row\n\n"
+        + run.webhooks_section(requests, run_args),
+        "## A burst of one key\n\n" + run.bursts_section(requests, run_args),
+    ]
+    if run_args.sweep:
+        sections.append(
+            "## Throughput against concurrency\n\n"
+            + run.sweep_section(requests, run_args)
+            + f"\n\n![Throughput against concurrency]({image_link(args.plot)})"
+        )
+    sections += [
+        "## The outbox relay\n\n" + outbox.report(relayed, outbox_args),
+        f"## The admin at {args.keys:,} keys\n\n" + admin.report(pages, admin_args),
+        "## Purging expired keys\n\n" + purge.report(purged, purge_args),
+        "### Requests during a purge\n\n" + run.during_purge_section(requests, run_args),
+    ]
+    print("\n\n".join(sections))
+
+
+def image_link(path: Path) -> str:
+    """How docs/benchmarks.md links the plot: relative to docs/ when the plot is there."""
+    path = path.resolve()
+    if path.is_relative_to(ROOT / "docs"):
+        return path.relative_to(ROOT / "docs").as_posix()
+    return path.as_posix()
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    main()
