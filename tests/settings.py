@@ -72,5 +72,6 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 TEST_WEBHOOK_SECRETS = ["whsec_dGVzdHMtb25seS1uZXctc2VjcmV0", "tests-only-old-secret"]

@@ -29,6 +29,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "drf_spectacular",
     "django_idempotency",
     "payments",
 ]
@@ -120,7 +121,11 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 20,
+    # The OpenAPI schema at /api/schema/: idempotent and conditional operations document their
+    # headers and answers by themselves.
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+SPECTACULAR_SETTINGS = {"TITLE": "Payments API", "VERSION": "1.0.0"}
 
 # Every key is optional; these show the defaults.
 IDEMPOTENCY = {

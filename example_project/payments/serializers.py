@@ -54,6 +54,9 @@ class RefundSerializer(serializers.ModelSerializer):
     def get_fields(self) -> dict[str, Any]:
         fields = super().get_fields()
         # Someone else's payment does not exist, as far as this user can tell.
-        request = self.context["request"]
-        fields["payment"].queryset = Payment.objects.filter(owner=request.user)
+        user = self.context["request"].user
+        payments = (
+            Payment.objects.filter(owner=user) if user.is_authenticated else Payment.objects.none()
+        )
+        fields["payment"].queryset = payments
         return fields

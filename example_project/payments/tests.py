@@ -98,3 +98,18 @@ def test_a_provider_webhook_delivered_twice_tells_the_customer_once(alice):
     assert [notice.message for notice in CustomerNotice.objects.all()] == [
         "Your refund of 300 eur is on its way."
     ]
+
+
+def test_the_schema_documents_keys_and_preconditions(alice):
+    schema = alice.get("/api/schema/", headers={"Accept": "application/vnd.oai.openapi+json"})
+    assert schema.status_code == 200
+    paths = schema.json()["paths"]
+
+    def headers(path, method):
+        parameters = paths[path][method].get("parameters", [])
+        return {p["name"]: p["required"] for p in parameters if p["in"] == "header"}
+
+    assert headers("/api/payments/", "post") == {"Idempotency-Key": True}
+    assert headers("/api/payments/{id}/", "patch") == {"Idempotency-Key": False, "If-Match": False}
+    assert "412" in paths["/api/payments/{id}/"]["patch"]["responses"]
+    assert "Idempotency-Key" not in headers("/api/payments/", "get")

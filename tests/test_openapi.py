@@ -1,0 +1,97 @@
+"""The OpenAPI schema (drf-spectacular) documents idempotent and conditional operations."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import override_settings
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.validation import validate_schema
+
+PROBLEM = {"$ref": "#/components/schemas/IdempotencyProblem"}
+
+
+@pytest.fixture(scope="module")
+def schema():
+    generated = SchemaGenerator().get_schema(request=None, public=True)
+    validate_schema(generated)  # a valid OpenAPI 3 document, extension included
+    return generated
+
+
+def operation(schema, path, method):
+    return schema["paths"][path][method]
+
+
+def header(op, name):
+    found = [p for p in op.get("parameters", []) if p["in"] == "header" and p["name"] == name]
+    return found[0] if found else None
+
+
+def test_an_idempotent_operation_documents_the_key_its_errors_and_its_replays(schema):
+    op = operation(schema, "/payments/", "post")
+    key = header(op, "Idempotency-Key")
+    assert key["required"] is True
+    assert key["schema"]["maxLength"] == 255
+    for status in ("400", "409", "422"):
+        assert op["responses"][status]["content"]["application/problem+json"]["schema"] == PROBLEM
+    success = [response for status, response in op["responses"].items() if status.startswith("2")]
+    assert success
+    for response in success:
+        assert set(response["headers"]) >= {"Idempotency-Status", "Idempotent-Replayed"}
+    problem = schema["components"]["schemas"]["IdempotencyProblem"]
+    assert "idempotency.payload_mismatch" in problem["properties"]["code"]["description"]
+
+
+def test_the_key_is_optional_where_the_view_says_so(schema):
+    assert header(operation(schema, "/optional/", "post"), "Idempotency-Key")["required"] is False
+
+
+def test_only_the_methods_the_view_protects_get_the_key(schema):
+    assert header(operation(schema, "/payments/", "get"), "Idempotency-Key") is None
+    assert header(operation(schema, "/put/", "put"), "Idempotency-Key") is not None
+    viewset = "/api/viewset-payments/{id}/"
+    assert header(operation(schema, viewset, "patch"), "Idempotency-Key") is not None
+    assert header(operation(schema, viewset, "put"), "Idempotency-Key") is None
+    assert header(operation(schema, viewset, "get"), "Idempotency-Key") is None
+
+
+def test_a_view_that_cannot_be_documented_is_reported_not_fatal(schema):
+    # MisconfiguredPaymentView's methods option is invalid: the schema is made without it.
+    assert header(operation(schema, "/misconfigured/", "post"), "Idempotency-Key") is None
+
+
+@override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key"})
+def test_the_header_follows_the_setting():
+    generated = SchemaGenerator().get_schema(request=None, public=True)
+    op = operation(generated, "/payments/", "post")
+    assert header(op, "X-Request-Key") is not None
+    assert header(op, "Idempotency-Key") is None
+
+
+def test_a_documented_400_keeps_its_description_and_gains_the_problem_type(schema):
+    op = operation(schema, "/api/viewset-payments/", "post")
+    assert op["responses"]["400"]["content"]["application/problem+json"]["schema"] == PROBLEM
+
+
+def test_a_conditional_operation_documents_if_match_and_its_answers(schema):
+    patch = operation(schema, "/documents/{id}/", "patch")
+    assert header(patch, "If-Match")["required"] is False
+    assert "428" not in patch["responses"]
+    assert patch["responses"]["412"]["headers"]["ETag"]
+    assert patch["responses"]["200"]["headers"]["ETag"]
+    assert header(patch, "Idempotency-Key") is None  # conditional, not idempotent
+
+    strict = operation(schema, "/documents/{id}/strict/", "patch")
+    assert header(strict, "If-Match")["required"] is True
+    assert strict["responses"]["428"]["content"]["application/problem+json"]["schema"] == PROBLEM
+
+    get = operation(schema, "/documents/{id}/", "get")
+    assert header(get, "If-None-Match")["required"] is False
+    assert "304" in get["responses"]
+    assert get["responses"]["200"]["headers"]["ETag"]
+
+
+def test_both_mixins_document_both(schema):
+    patch = operation(schema, "/documents/{id}/idempotent/", "patch")
+    assert header(patch, "Idempotency-Key") is not None
+    assert header(patch, "If-Match") is not None
+    assert {"400", "409", "412", "422"} <= set(patch["responses"])
