@@ -14,6 +14,13 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         from django_idempotency import checks  # noqa: F401, PLC0415 - registers the checks
 
-        if importlib.util.find_spec("drf_spectacular") is not None:
+        # Each optional integration loads when its library is installed.
+        if importlib.util.find_spec("drf_spectacular") and importlib.util.find_spec(
+            "rest_framework"
+        ):
             # Registers the schema extension: idempotent views document themselves.
             from django_idempotency import openapi  # noqa: F401, PLC0415
+        if importlib.util.find_spec("prometheus_client") is not None:
+            from django_idempotency import metrics  # noqa: F401, PLC0415
+        if importlib.util.find_spec("opentelemetry.trace") is not None:
+            from django_idempotency import tracing  # noqa: F401, PLC0415

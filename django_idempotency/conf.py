@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 DEFAULTS: dict[str, Any] = {
+    # Whether idempotent views handle keys at all; False makes them run as if undecorated.
+    "ENABLED": True,
     # Header that carries the key (IETF draft-ietf-httpapi-idempotency-key-header).
     "HEADER": "Idempotency-Key",
     # Whether a request to an idempotent view must carry a key.
@@ -127,7 +129,7 @@ def _header(value: Any) -> str | None:
     return "must be an HTTP header name such as 'Idempotency-Key'"
 
 
-def _key_required(value: Any) -> str | None:
+def _boolean(value: Any) -> str | None:
     return None if isinstance(value, bool) else "must be True or False"
 
 
@@ -200,7 +202,7 @@ def _positive_int(value: Any) -> str | None:
 
 VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "HEADER": ("django_idempotency.E003", _header),
-    "KEY_REQUIRED": ("django_idempotency.E004", _key_required),
+    "KEY_REQUIRED": ("django_idempotency.E004", _boolean),
     "METHODS": ("django_idempotency.E005", _methods),
     "TTL": ("django_idempotency.E006", _ttl),
     "WAIT_TIMEOUT": ("django_idempotency.E007", _wait_timeout),
@@ -221,6 +223,7 @@ VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
     "OUTBOX_RETRY_DELAY": ("django_idempotency.E024", _ttl),
     "OUTBOX_RETRY_MAX_DELAY": ("django_idempotency.E025", _ttl),
     "OUTBOX_RETENTION": ("django_idempotency.E026", _ttl),
+    "ENABLED": ("django_idempotency.E027", _boolean),
 }
 
 
@@ -243,6 +246,10 @@ class IdempotencySettings:
             msg = f"IDEMPOTENCY['{name}'] {problem}; got {value!r} ({check_id})."
             raise ImproperlyConfigured(msg)
         return value
+
+    @property
+    def ENABLED(self) -> bool:
+        return bool(self.get("ENABLED"))
 
     @property
     def HEADER(self) -> str:

@@ -323,18 +323,24 @@ class Engine:
     ) -> HttpResponseBase:
         """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
 
+        With the ``ENABLED`` setting off, call ``view()`` as if there were no key handling.
+
         ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
         scope function and signal receivers get.
         """
+        if request.method not in policy.methods or not idempotency_settings.ENABLED:
+            return view()
         # Applied twice to one view (decorator and mixin, say), the outer one does the work.
-        if request.method not in policy.methods or getattr(request, _HANDLED, False):
+        if getattr(request, _HANDLED, False):
             return view()
         setattr(request, _HANDLED, True)
         started = time.perf_counter()
-        decision = self._decide(request, view, policy, view_request or request)
+        timed_view = _TimedView(view)
+        decision = self._decide(request, timed_view, policy, view_request or request)
         if decision is None:
             return view()
-        self._report(decision, sender, view_request or request, started)
+        duration = time.perf_counter() - started
+        self._report(decision, sender, view_request or request, duration, timed_view.seconds)
         if decision.error is not None:
             raise decision.error
         assert decision.response is not None  # noqa: S101 - for the type checker
@@ -347,22 +353,20 @@ class Engine:
         policy: Policy,
         view_request: Any,
     ) -> _Decision | None:
+        route = route_of(request)
         raw_key = request.headers.get(policy.header)
         if raw_key is None:
             if not policy.required:
                 return None
             detail = f"Send an {policy.header} header to make this request safe to retry."
-            return _Decision(
-                Outcome.MISSING, problems.problem_response(problems.KEY_MISSING, detail)
-            )
+            response = problems.problem_response(problems.KEY_MISSING, detail)
+            return _Decision(Outcome.MISSING, response, route=route)
         try:
             key = parse_key(raw_key)
         except InvalidKey as exc:
             detail = f"The {policy.header} header is invalid: {exc}."
-            return _Decision(
-                Outcome.INVALID, problems.problem_response(problems.KEY_INVALID, detail)
-            )
-        route = route_of(request)
+            response = problems.problem_response(problems.KEY_INVALID, detail)
+            return _Decision(Outcome.INVALID, response, route=route)
         try:
             scope = _fit_scope(policy.scope_function(view_request, route))
         except AnonymousRejected:
@@ -504,8 +508,7 @@ class Engine:
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
 
-    def _log(self, decision: _Decision, started: float) -> None:
-        duration_ms = round((time.perf_counter() - started) * 1000, 3)
+    def _log(self, decision: _Decision, duration: float, overhead: float) -> None:
         scope_hash = (
             hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
         )
@@ -521,14 +524,23 @@ class Engine:
                 "idempotency_scope": scope_hash,
                 "idempotency_route": decision.route,
                 "idempotency_attempt": decision.attempt,
-                "idempotency_duration_ms": duration_ms,
+                "idempotency_duration_ms": round(duration * 1000, 3),
+                "idempotency_overhead_ms": round(overhead * 1000, 3),
                 "status_code": decision.response.status_code if decision.response else None,
             },
         )
 
-    def _report(self, decision: _Decision, sender: Any, view_request: Any, started: float) -> None:
+    def _report(
+        self,
+        decision: _Decision,
+        sender: Any,
+        view_request: Any,
+        duration: float,
+        view_seconds: float,
+    ) -> None:
+        overhead = max(0.0, duration - view_seconds)
         if logger.isEnabledFor(logging.INFO):
-            self._log(decision, started)
+            self._log(decision, duration, overhead)
         # The decision is made (and maybe committed): a failing receiver must not undo the answer.
         signals.send_robustly(
             _SIGNALS[decision.outcome],
@@ -538,7 +550,25 @@ class Engine:
             scope=decision.scope,
             route=decision.route,
             response=decision.response,
+            outcome=str(decision.outcome),
+            attempt=decision.attempt,
+            overhead=overhead,
         )
+
+
+class _TimedView:
+    """The view, counting the seconds it runs: the engine's overhead is the rest."""
+
+    def __init__(self, view: Callable[[], HttpResponseBase]) -> None:
+        self.view = view
+        self.seconds = 0.0
+
+    def __call__(self) -> HttpResponseBase:
+        started = time.perf_counter()
+        try:
+            return self.view()
+        finally:
+            self.seconds += time.perf_counter() - started
 
 
 default_engine = Engine()

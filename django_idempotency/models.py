@@ -383,6 +383,12 @@ class InboxEvent(models.Model):
                 name="idempotency_inbox_done_idx",
                 condition=models.Q(status="processed"),
             ),
+            # Dead events are few and wait for a person: the metrics count them from here.
+            models.Index(
+                fields=["received_at"],
+                name="idempotency_inbox_dead_idx",
+                condition=models.Q(status="dead"),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -473,6 +479,12 @@ class OutboxMessage(models.Model):
                 fields=["dispatched_at"],
                 name="idempotency_outbox_done_idx",
                 condition=models.Q(status="dispatched"),
+            ),
+            # Dead messages too.
+            models.Index(
+                fields=["created_at"],
+                name="idempotency_outbox_dead_idx",
+                condition=models.Q(status="dead"),
             ),
         ]
 

@@ -2,8 +2,10 @@
 
 The decision signals are sent with ``sender`` set to the view's class (or function) and these
 keyword arguments: ``request`` (the request the view sees), ``key`` (``None`` when missing or
-invalid), ``scope`` and ``route`` (``None`` when not yet resolved) and ``response`` (the response
-returned, or ``None`` when the view raised).
+invalid), ``scope`` and ``route`` (``None`` when not yet resolved), ``response`` (the response
+returned, or ``None`` when the view raised), ``outcome`` (the outcome's name, as in the logs),
+``attempt`` (the lease-mode attempt, or the replay's number) and ``overhead`` (the seconds the
+engine added to the request, the view's own time left out).
 Receivers run in the request (or the worker), so keep them fast; they are called with
 ``send_robust()``, and an exception in one is logged, never turned into an error for the client.
 """
@@ -33,6 +35,18 @@ key_invalid = Signal()
 response_not_stored = Signal()
 #: The database failed mid-request: rolled back and answered 503.
 database_unavailable = Signal()
+
+#: Every decision signal above, for a receiver of all outcomes (it reads ``outcome``).
+DECISION_SIGNALS = (
+    key_stored,
+    key_replayed,
+    payload_mismatch,
+    request_in_progress,
+    key_missing,
+    key_invalid,
+    response_not_stored,
+    database_unavailable,
+)
 
 
 # The webhook inbox's signals are sent with ``sender`` set to ``InboxEvent`` and ``event``, the

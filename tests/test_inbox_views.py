@@ -58,13 +58,20 @@ def test_a_duplicate_answers_200_and_is_not_processed_again():
     payload = refund_event()
     deliver(payload)
     received, duplicates = [], []
-    signals.inbox_event_received.connect(lambda **kw: received.append(kw), weak=False)
-    signals.inbox_event_duplicate.connect(lambda **kw: duplicates.append(kw), weak=False)
+
+    def on_received(**kwargs):
+        received.append(kwargs)
+
+    def on_duplicate(**kwargs):
+        duplicates.append(kwargs)
+
+    signals.inbox_event_received.connect(on_received)
+    signals.inbox_event_duplicate.connect(on_duplicate)
     try:
         response = deliver(payload)
     finally:
-        signals.inbox_event_received.receivers.clear()
-        signals.inbox_event_duplicate.receivers.clear()
+        signals.inbox_event_received.disconnect(on_received)
+        signals.inbox_event_duplicate.disconnect(on_duplicate)
 
     assert response.status_code == 200
     assert response.json() == {"status": "duplicate"}

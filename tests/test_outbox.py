@@ -421,7 +421,11 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
         for n in range(messages):
             publish("payment.captured", {"amount": n})
     duplicates = []
-    signals.inbox_event_duplicate.connect(lambda **kw: duplicates.append(1), weak=False)
+
+    def on_duplicate(**kwargs):
+        duplicates.append(1)
+
+    signals.inbox_event_duplicate.connect(on_duplicate)
     env = {
         **os.environ,
         "TEST_DATABASE": "postgresql",
@@ -454,7 +458,7 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
             relay_process.wait()
             kills += 1
     finally:
-        signals.inbox_event_duplicate.receivers.clear()
+        signals.inbox_event_duplicate.disconnect(on_duplicate)
 
     assert not OutboxMessage.objects.exclude(status="dispatched").exists()
     assert InboxEvent.objects.count() == messages

@@ -1,17 +1,26 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from payments.webhooks import PaymentEventsWebhook, ProviderWebhook
+
+
+def metrics(request: HttpRequest) -> HttpResponse:
+    """Prometheus metrics: the library's counters and backlog gauges, among any others."""
+    return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
+
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/api/payments/", permanent=False)),
     path("admin/", admin.site.urls),
     path("api/", include("payments.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("metrics/", metrics),
     path("webhooks/provider/", ProviderWebhook.as_view()),
     path("webhooks/payments/", PaymentEventsWebhook.as_view()),
     # Log in and out of DRF's browsable API.

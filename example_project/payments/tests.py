@@ -113,3 +113,11 @@ def test_the_schema_documents_keys_and_preconditions(alice):
     assert headers("/api/payments/{id}/", "patch") == {"Idempotency-Key": False, "If-Match": False}
     assert "412" in paths["/api/payments/{id}/"]["patch"]["responses"]
     assert "Idempotency-Key" not in headers("/api/payments/", "get")
+
+
+def test_the_metrics_count_decisions(alice):
+    post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "metrics-key")
+    post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "metrics-key")
+    scraped = Client().get("/metrics/").content.decode()
+    assert 'django_idempotency_requests_total{outcome="replayed",route="api/payments/"}' in scraped
+    assert "django_idempotency_inbox_dead_events 0.0" in scraped

@@ -13,6 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("payments/", views.PaymentView.as_view()),
     path("payments/other-route/", views.PaymentView.as_view()),
+    path("not-idempotent/", views.NotIdempotentPaymentView.as_view()),
     path("tenant/<str:tenant>/payments/", views.PaymentView.as_view()),
     path("throttled/", views.ThrottledPaymentView.as_view()),
     path("optional/", views.OptionalKeyPaymentView.as_view()),

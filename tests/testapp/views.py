@@ -76,6 +76,14 @@ class PaymentView(IdempotentMixin, APIView):
         return Response({"deleted": deleted})
 
 
+class NotIdempotentPaymentView(APIView):
+    """Writes a payment on every request, key or not: what assert_idempotent must catch."""
+
+    def post(self, request):
+        payment = create_payment(request, request.data)
+        return Response({"id": payment.pk}, status=201)
+
+
 class TwoPerMinute(UserRateThrottle):
     rate = "2/minute"
 

@@ -438,12 +438,16 @@ def outbox_to_inbox() -> Story:
         f"{message.status if message else 'no message'}; inbox: {event.status if event else '-'}",
     )
     duplicates: list[bool] = []
-    signals.inbox_event_duplicate.connect(lambda **kw: duplicates.append(True), weak=False)
+
+    def count_duplicate(**kwargs: Any) -> None:
+        duplicates.append(True)
+
+    signals.inbox_event_duplicate.connect(count_duplicate)
     try:
         # What a relay that died after sending, before marking the message, would do.
         redeliver(OutboxMessage.objects.filter(pk=message.pk if message else None))
     finally:
-        signals.inbox_event_duplicate.receivers.clear()
+        signals.inbox_event_duplicate.disconnect(count_duplicate)
     story.exchange("a relay dies; sent again", f"inbox: {'duplicate' if duplicates else '?'}")
     new_receipts = ReceiptEmail.objects.count() - receipts
     story.effect = [
@@ -605,6 +609,7 @@ class Command(BaseCommand):
             "\nThe API:   http://127.0.0.1:8000/api/payments/ and /api/refunds/"
             f" (alice or bob, password {PASSWORD!r})\n"
             "The admin: http://127.0.0.1:8000/admin/ (admin, password 'admin')\n"
+            "OpenAPI:   http://127.0.0.1:8000/api/schema/   Metrics: http://127.0.0.1:8000/metrics/\n"
             "Try it:\n"
             "  curl -i -u alice:password -H 'Idempotency-Key: my-first-key' \\\n"
             "       -H 'Content-Type: application/json' \\\n"

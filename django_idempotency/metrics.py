@@ -1,0 +1,148 @@
+"""Prometheus metrics: loaded by the app when prometheus-client is installed.
+
+The metrics are registered in prometheus-client's default registry, so whatever exposes that
+registry (django-prometheus's ``/metrics`` view, ``prometheus_client.make_wsgi_app()``, or the
+example project's view) exposes them too:
+
+- ``django_idempotency_requests_total{outcome, route}``: decisions on requests with (or
+  missing) a key, by outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``,
+  ``missing``, ``invalid``, ``not_stored``, ``unavailable``) and URL pattern;
+- ``django_idempotency_overhead_seconds{outcome}``: what the library added to each of those
+  requests, the view's own time left out;
+- ``django_idempotency_inbox_events_total{source, outcome}``: webhook inbox steps
+  (``received``, ``duplicate``, ``conflict``, ``processed``, ``failed``, ``dead``);
+- read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
+  whose lease ran out), ``django_idempotency_inbox_due_events``,
+  ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
+  ``django_idempotency_outbox_dead_messages``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, router
+from django.db.models import Q
+from django.utils import timezone
+from prometheus_client import REGISTRY, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from django_idempotency import signals
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from django.db.models import Model
+    from prometheus_client import Metric
+
+logger = logging.getLogger("django_idempotency")
+
+REQUESTS = Counter(
+    "django_idempotency_requests",
+    "Idempotency decisions, by outcome and route.",
+    ["outcome", "route"],
+)
+OVERHEAD = Histogram(
+    "django_idempotency_overhead_seconds",
+    "Time the idempotency engine added to a request, without the view's own time.",
+    ["outcome"],
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+INBOX_EVENTS = Counter(
+    "django_idempotency_inbox_events",
+    "Webhook inbox steps, by source and outcome.",
+    ["source", "outcome"],
+)
+
+
+def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
+    REQUESTS.labels(outcome=outcome, route=route or "").inc()
+    OVERHEAD.labels(outcome=outcome).observe(overhead)
+
+
+def _inbox_receiver(outcome: str) -> Any:
+    def count(*, event: InboxEvent, conflict: bool = False, **_: Any) -> None:
+        INBOX_EVENTS.labels(source=event.source, outcome="conflict" if conflict else outcome).inc()
+
+    return count
+
+
+class BacklogCollector(Collector):
+    """Count, at each scrape, what waits for a person or for the periodic tasks.
+
+    Each count reads a small partial index. A database error leaves the counts out of that
+    scrape, and is logged.
+    """
+
+    def describe(self) -> Iterable[Metric]:
+        # Described without values: registering the collector must not query the database.
+        return [GaugeMetricFamily(name, help_text) for name, help_text, *_ in self._gauges()]
+
+    def collect(self) -> Iterable[Metric]:
+        families = []
+        try:
+            for name, help_text, model, condition in self._gauges():
+                count = model._default_manager.using(router.db_for_read(model)).filter(condition)
+                families.append(GaugeMetricFamily(name, help_text, value=count.count()))
+        except DatabaseError:
+            logger.warning("idempotency metrics: the backlog counts could not be read")
+            return []
+        return families
+
+    @staticmethod
+    def _gauges() -> list[tuple[str, str, type[Model], Q]]:
+        now = timezone.now()
+        return [
+            (
+                "django_idempotency_stuck_leases",
+                "Lease-mode keys whose lease ran out: the sweep will release them.",
+                IdempotencyKey,
+                Q(state=IdempotencyKey.State.IN_PROGRESS, locked_until__lte=now),
+            ),
+            (
+                "django_idempotency_inbox_due_events",
+                "Inbox events due to be processed now (new or to retry).",
+                InboxEvent,
+                Q(next_attempt_at__lte=now),
+            ),
+            (
+                "django_idempotency_inbox_dead_events",
+                "Inbox events that failed every attempt and wait for a person.",
+                InboxEvent,
+                Q(status=InboxEvent.Status.DEAD),
+            ),
+            (
+                "django_idempotency_outbox_due_messages",
+                "Outbox messages due to be sent now.",
+                OutboxMessage,
+                Q(status=OutboxMessage.Status.PENDING, next_attempt_at__lte=now),
+            ),
+            (
+                "django_idempotency_outbox_dead_messages",
+                "Outbox messages that failed every attempt and wait for a person.",
+                OutboxMessage,
+                Q(status=OutboxMessage.Status.DEAD),
+            ),
+        ]
+
+
+def _connect() -> None:
+    for signal in signals.DECISION_SIGNALS:
+        signal.connect(_count_decision, dispatch_uid="django_idempotency.metrics", weak=False)
+    for signal, outcome in (
+        (signals.inbox_event_received, "received"),
+        (signals.inbox_event_duplicate, "duplicate"),
+        (signals.inbox_event_processed, "processed"),
+        (signals.inbox_event_failed, "failed"),
+        (signals.inbox_event_dead, "dead"),
+    ):
+        signal.connect(
+            _inbox_receiver(outcome), dispatch_uid="django_idempotency.metrics", weak=False
+        )
+    REGISTRY.register(BacklogCollector())
+
+
+_connect()

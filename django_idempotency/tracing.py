@@ -1,0 +1,35 @@
+"""OpenTelemetry: loaded by the app when opentelemetry-api is installed.
+
+Each decision on a request with (or missing) an idempotency key is recorded on the current span,
+usually the request's span made by opentelemetry-instrumentation-django:
+``idempotency.outcome`` (``stored``, ``replayed``, …), ``idempotency.key`` (when there is a valid
+one), ``idempotency.attempt``, ``idempotency.replayed`` and ``idempotency.overhead_ms``. Without
+an SDK configured, the current span records nothing and this costs next to nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+
+from django_idempotency import signals
+
+
+def _annotate(*, outcome: str, key: str | None, attempt: int, overhead: float, **_: Any) -> None:
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    attributes: dict[str, str | int | float | bool] = {
+        "idempotency.outcome": outcome,
+        "idempotency.attempt": attempt,
+        "idempotency.replayed": outcome == "replayed",
+        "idempotency.overhead_ms": round(overhead * 1000, 3),
+    }
+    if key is not None:
+        attributes["idempotency.key"] = key
+    span.set_attributes(attributes)
+
+
+for _signal in signals.DECISION_SIGNALS:
+    _signal.connect(_annotate, dispatch_uid="django_idempotency.tracing", weak=False)

@@ -1,0 +1,97 @@
+"""Prometheus metrics and OpenTelemetry span attributes, from real requests."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from prometheus_client import REGISTRY, generate_latest
+
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from tests.inbox import deliver, refund_event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sample(name, **labels):
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_decisions_are_counted_by_outcome_and_route(client_alice, key):
+    def counts():
+        return {
+            outcome: sample("django_idempotency_requests_total", outcome=outcome, route="payments/")
+            for outcome in ("stored", "replayed", "mismatch", "missing")
+        }
+
+    overhead = sample("django_idempotency_overhead_seconds_count", outcome="replayed")
+    before = counts()
+    client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    client_alice.send("POST", "/payments/", {"amount": 2}, key=key)
+    client_alice.send("POST", "/payments/", {"amount": 2})
+    after = counts()
+
+    assert {outcome: after[outcome] - before[outcome] for outcome in after} == {
+        "stored": 1,
+        "replayed": 1,
+        "mismatch": 1,
+        "missing": 1,
+    }
+    assert sample("django_idempotency_overhead_seconds_count", outcome="replayed") == overhead + 1
+
+
+def test_inbox_steps_are_counted_by_source():
+    def count(outcome):
+        return sample("django_idempotency_inbox_events_total", source="tests", outcome=outcome)
+
+    received, duplicate, processed = count("received"), count("duplicate"), count("processed")
+    payload = refund_event()
+    deliver(payload)
+    deliver(payload)
+    assert count("received") == received + 1
+    assert count("processed") == processed + 1
+    assert count("duplicate") == duplicate + 1
+
+
+def test_the_backlog_is_read_from_the_database_at_each_scrape():
+    now = timezone.now()
+    IdempotencyKey.objects.create(
+        scope="s", key="stuck", method="POST", route="r/", fingerprint="f" * 64,
+        state=IdempotencyKey.State.IN_PROGRESS, created_at=now, expires_at=now + timedelta(days=1),
+        locked_until=now - timedelta(minutes=1),
+    )  # fmt: skip
+    InboxEvent.objects.create(
+        source="tests", event_id="e1", event_type="t", payload={}, payload_hash="h",
+        status=InboxEvent.Status.DEAD,
+    )  # fmt: skip
+    OutboxMessage.objects.create(topic="t", payload={}, status=OutboxMessage.Status.DEAD)
+    OutboxMessage.objects.create(topic="t", payload={}, next_attempt_at=now - timedelta(seconds=1))
+
+    assert sample("django_idempotency_stuck_leases") == 1
+    assert sample("django_idempotency_inbox_dead_events") == 1
+    assert sample("django_idempotency_outbox_dead_messages") == 1
+    assert sample("django_idempotency_outbox_due_messages") == 1
+    assert b"django_idempotency_inbox_due_events 0.0" in generate_latest(REGISTRY)
+
+
+def test_a_replay_is_visible_in_its_requests_span(client_alice, key):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests")
+
+    client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+    with tracer.start_as_current_span("POST payments/"):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+
+    (span,) = exporter.get_finished_spans()
+    assert span.attributes["idempotency.outcome"] == "replayed"
+    assert span.attributes["idempotency.replayed"] is True
+    assert span.attributes["idempotency.key"] == key
+    assert span.attributes["idempotency.attempt"] == 2
+    assert span.attributes["idempotency.overhead_ms"] >= 0
