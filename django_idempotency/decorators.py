@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from functools import wraps
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
+from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
@@ -74,9 +76,6 @@ def idempotent(
     """
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
-        if iscoroutinefunction(view_func):
-            msg = f"@idempotent supports synchronous views only; {view_func.__name__} is async."
-            raise ImproperlyConfigured(msg)
         if _is_drf_view(view_func):
             msg = (
                 f"@idempotent on {view_func.__name__} would run before Django REST framework "
@@ -85,8 +84,7 @@ def idempotent(
             )
             raise ImproperlyConfigured(msg)
 
-        @wraps(view_func)
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        def handle(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
             policy = Policy.from_settings(
                 required=required,
                 methods=methods,
@@ -99,12 +97,26 @@ def idempotent(
                 lease_timeout=lease_timeout,
                 recover=recover,
             )
-            return (engine or default_engine).handle(
-                request,
-                lambda: view_func(request, *args, **kwargs),
-                policy=policy,
-                sender=view_func,
-            )
+            return (engine or default_engine).handle(request, view, policy=policy, sender=view_func)
+
+        if iscoroutinefunction(view_func):
+
+            @wraps(view_func)
+            async def async_wrapper(
+                request: HttpRequest, *args: Any, **kwargs: Any
+            ) -> HttpResponseBase:
+                # The engine runs in the request's thread for synchronous work, the one where
+                # Django's async ORM runs this request's queries too. The view, run from there,
+                # awaits on the event loop, and its queries come back to that thread: they
+                # join the transaction that holds the key, as in a synchronous view.
+                view = async_to_sync(functools.partial(view_func, request, *args, **kwargs))
+                return await sync_to_async(handle, thread_sensitive=True)(request, view)
+
+            return async_wrapper  # type: ignore[return-value] # awaited by Django
+
+        @wraps(view_func)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+            return handle(request, lambda: view_func(request, *args, **kwargs))
 
         return wrapper
 

@@ -148,15 +148,3 @@ def test_decorated_twice_claims_once(client, key):
     assert first["Idempotency-Status"] == "stored"
     assert second["Idempotency-Status"] == "replayed"
     assert Payment.objects.count() == IdempotencyKey.objects.count() == 1
-
-
-def test_an_async_view_is_refused_at_decoration():
-    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
-
-    from django_idempotency.decorators import idempotent  # noqa: PLC0415
-
-    async def view(request):  # pragma: no cover - never called
-        return None
-
-    with pytest.raises(ImproperlyConfigured, match="synchronous views only"):
-        idempotent(view)

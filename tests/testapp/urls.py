@@ -21,6 +21,7 @@ urlpatterns = [
     path("headers/", views.TenantPaymentView.as_view()),
     path("anonymous/", views.AnonymousPaymentView.as_view()),
     path("plain/", views.plain_payment),
+    path("async/", views.async_payment),
     path("plain-optional/", views.plain_optional),
     path("upload/", views.upload),
     path("streaming/", views.streaming),

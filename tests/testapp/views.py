@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -290,3 +291,19 @@ def relay(request):
     with retrying_client(policy) as http:
         response = http.get(request.headers["X-Downstream"])
     return JsonResponse({"downstream": response.status_code}, status=response.status_code)
+
+
+@csrf_exempt
+@idempotent
+async def async_payment(request):
+    """An async view: its writes must join the key's transaction, as a sync view's do."""
+    data = json.loads(request.body)
+    payment = await Payment.objects.acreate(amount=data["amount"])
+    await LedgerEntry.objects.acreate(payment=payment, amount=payment.amount)
+    if hold := request.headers.get("X-Hold"):
+        await asyncio.sleep(float(hold))
+    if request.headers.get("X-Fail") == "exception":
+        raise RuntimeError("boom after the write")
+    if forced := request.headers.get("X-Status"):
+        return JsonResponse({"forced": forced}, status=int(forced))
+    return JsonResponse({"id": payment.pk}, status=201)
