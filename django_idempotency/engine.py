@@ -33,7 +33,7 @@ from django_idempotency.conf import (
     idempotency_settings,
     resolve_callable,
 )
-from django_idempotency.fingerprint import request_fingerprint
+from django_idempotency.fingerprint import UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scope import AnonymousRejected
@@ -257,6 +257,23 @@ class _Keyed:
             )
 
 
+def _key_of(request: HttpRequest, policy: Policy, route: str) -> str | _Decision | None:
+    """The request's key; or the answer to a missing or malformed one; or None if optional."""
+    raw_key = request.headers.get(policy.header)
+    if raw_key is None:
+        if not policy.required:
+            return None
+        detail = f"Send an {policy.header} header to make this request safe to retry."
+        response = problems.problem_response(problems.KEY_MISSING, detail)
+        return _Decision(Outcome.MISSING, response, route=route)
+    try:
+        return parse_key(raw_key)
+    except InvalidKey as exc:
+        detail = f"The {policy.header} header is invalid: {exc}."
+        response = problems.problem_response(problems.KEY_INVALID, detail)
+        return _Decision(Outcome.INVALID, response, route=route)
+
+
 def route_of(request: HttpRequest) -> str:
     """The URL pattern that matched ``request``, or its path if it was not resolved."""
     match = request.resolver_match
@@ -353,32 +370,9 @@ class Engine:
         policy: Policy,
         view_request: Any,
     ) -> _Decision | None:
-        route = route_of(request)
-        raw_key = request.headers.get(policy.header)
-        if raw_key is None:
-            if not policy.required:
-                return None
-            detail = f"Send an {policy.header} header to make this request safe to retry."
-            response = problems.problem_response(problems.KEY_MISSING, detail)
-            return _Decision(Outcome.MISSING, response, route=route)
-        try:
-            key = parse_key(raw_key)
-        except InvalidKey as exc:
-            detail = f"The {policy.header} header is invalid: {exc}."
-            response = problems.problem_response(problems.KEY_INVALID, detail)
-            return _Decision(Outcome.INVALID, response, route=route)
-        try:
-            scope = _fit_scope(policy.scope_function(view_request, route))
-        except AnonymousRejected:
-            detail = f"Authenticate to send an {policy.header} header to this endpoint."
-            response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
-            return _Decision(Outcome.INVALID, response, key, route=route)
-        except DATABASE_UNAVAILABLE:
-            # Resolving the principal may be the request's first query (a lazy request.user).
-            response = unavailable_response(rolled_back=True)
-            return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
-        fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
-        keyed = _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
+        keyed = self._identify(request, view, policy, view_request)
+        if not isinstance(keyed, _Keyed):
+            return keyed  # a refusal; or None: no key, and the view does not require one
         try:
             decision = self._run(keyed)
         except KeyBusy:
@@ -392,8 +386,39 @@ class Engine:
             decision = _Decision(Outcome.UNAVAILABLE, response)
         except Exception as exc:  # reported, then re-raised by handle()
             decision = _Decision(Outcome.NOT_STORED, None, error=exc)
-        decision.key, decision.scope, decision.route = key, scope, route
+        decision.key, decision.scope, decision.route = keyed.key, keyed.scope, keyed.route
         return decision
+
+    def _identify(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        policy: Policy,
+        view_request: Any,
+    ) -> _Keyed | _Decision | None:
+        """Read the request's key, scope and fingerprint, or the answer that refuses it."""
+        route = route_of(request)
+        key = _key_of(request, policy, route)
+        if not isinstance(key, str):
+            return key
+        try:
+            scope = _fit_scope(policy.scope_function(view_request, route))
+        except AnonymousRejected:
+            detail = f"Authenticate to send an {policy.header} header to this endpoint."
+            response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
+            return _Decision(Outcome.INVALID, response, key, route=route)
+        except DATABASE_UNAVAILABLE:
+            # Resolving the principal may be the request's first query (a lazy request.user).
+            response = unavailable_response(rolled_back=True)
+            return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
+        try:
+            fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
+        except UnreadableBody:
+            # Nothing of the request itself in the detail: not even the boundary it sent.
+            detail = "The multipart body is malformed, so the request cannot be compared."
+            response = problems.problem_response(problems.BODY_INVALID, detail)
+            return _Decision(Outcome.INVALID, response, key, route=route)
+        return _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
 
     def _run(self, keyed: _Keyed) -> _Decision:
         if keyed.cache is not None:

@@ -7,6 +7,7 @@ import json
 from typing import TYPE_CHECKING
 
 import rfc8785
+from django.http.multipartparser import MultiPartParserError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -66,6 +67,13 @@ def _add_form(digest: _Digest, request: HttpRequest) -> None:
             upload.seek(0)
 
 
+class UnreadableBody(Exception):
+    """The body is multipart, but not well-formed: it has no fields to fingerprint."""
+
+
+_BODY_ERROR = "_django_idempotency_body_error"
+
+
 def buffer_body(request: HttpRequest) -> None:
     """Read the body the way the fingerprint needs it, before anything streams it away.
 
@@ -77,7 +85,11 @@ def buffer_body(request: HttpRequest) -> None:
     elif request.method != "POST" and not request._read_started:  # type: ignore[attr-defined]
         # Django parses multipart only for POST. Parse this body the same way (files
         # stream to disk) and leave the result where Django and DRF look for it.
-        post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]
+        try:
+            post, files = request.parse_file_upload(request.META, request)  # type: ignore[arg-type]
+        except MultiPartParserError as exc:
+            setattr(request, _BODY_ERROR, exc)  # the fingerprint reports it
+            return
         request._post, request._files = post, files  # type: ignore[attr-defined]
 
 
@@ -97,7 +109,12 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
     buffer_body(request)
     if content_type == "multipart/form-data":
         digest.add(b"multipart")
-        _add_form(digest, request)
+        if getattr(request, _BODY_ERROR, None) is not None:
+            raise UnreadableBody from getattr(request, _BODY_ERROR)
+        try:
+            _add_form(digest, request)
+        except MultiPartParserError as exc:
+            raise UnreadableBody from exc
     else:
         body = request.body
         canonical = canonical_json(body) if _is_json(content_type) else None

@@ -27,6 +27,9 @@ ANONYMOUS_REJECTED = Problem(
     403,
     "Authentication is required to use an idempotency key",
 )
+BODY_INVALID = Problem(
+    "idempotency.body_invalid", 400, "The request body cannot be read to fingerprint it"
+)
 PAYLOAD_MISMATCH = Problem(
     "idempotency.payload_mismatch", 422, "The idempotency key was used with a different request"
 )
@@ -67,6 +70,7 @@ ALL = (
     KEY_MISSING,
     KEY_INVALID,
     ANONYMOUS_REJECTED,
+    BODY_INVALID,
     PAYLOAD_MISMATCH,
     IN_PROGRESS,
     UNAVAILABLE,

@@ -33,6 +33,8 @@ if not Path(CHROMIUM).exists() and os.environ.get("CI", "").lower() != "true":
     pytest.skip("needs Chromium (Debian package chromium)", allow_module_level=True)
 
 sync_api = pytest.importorskip("playwright.sync_api")
+# Waits for the page to show what is asserted: a click's navigation may not have finished yet.
+expect = sync_api.expect
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -82,18 +84,19 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     log_in(page, live_server)
     changelist = f"{live_server.url}/admin/django_idempotency/idempotencykey/"
     page.goto(changelist)
-    assert page.locator("#result_list tbody tr").count() == 3
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
     page.screenshot(path=images / "admin-keys.png")
 
     # Filter: expired keys only.
     page.click("text=Yes")
-    assert page.locator("#result_list tbody tr").count() == 1
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
     assert "old-key" in page.locator("#result_list").inner_text()
 
     # Search by the exact key, open it, read the stored response.
     page.goto(changelist)
     page.fill("#searchbar", "pay-1250")
     page.press("#searchbar", "Enter")
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
     page.click("#result_list tbody tr th a")
     body = page.locator(".field-stored_body").inner_text()
     assert '"amount": 1250' in body
@@ -156,12 +159,12 @@ def test_an_operator_finds_a_dead_event_reads_why_and_reprocesses_it(
     changelist = f"{live_server.url}/admin/django_idempotency/inboxevent/"
     page.set_viewport_size({"width": 1600, "height": 800})  # every column in the picture
     page.goto(changelist)
-    assert page.locator("#result_list tbody tr").count() == 3
+    expect(page.locator("#result_list tbody tr")).to_have_count(3)
     page.screenshot(path=images / "admin-inbox.png")
 
     # Filter: dead events only; open the one there is.
     page.click("#changelist-filter >> text=dead")
-    assert page.locator("#result_list tbody tr").count() == 1
+    expect(page.locator("#result_list tbody tr")).to_have_count(1)
     page.click("#result_list tbody tr th a")
     assert '"fail": "always"' in page.locator(".field-pretty_payload").inner_text()
     assert "the ledger is unavailable" in page.locator(".field-last_error").inner_text()
@@ -217,7 +220,7 @@ def test_an_operator_redelivers_a_dead_outbox_message(page, live_server, outbox_
     changelist = f"{live_server.url}/admin/django_idempotency/outboxmessage/"
     page.set_viewport_size({"width": 1600, "height": 800})
     page.goto(changelist)
-    assert page.locator("#result_list tbody tr").count() == 2
+    expect(page.locator("#result_list tbody tr")).to_have_count(2)
     page.screenshot(path=images / "admin-outbox.png")
 
     page.click("#changelist-filter >> text=dead")

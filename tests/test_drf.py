@@ -418,3 +418,28 @@ def test_a_permission_that_reads_the_body_first_does_not_break_the_fingerprint(c
     assert again["Idempotency-Status"] == "replayed"
     assert other.status_code == 422
     assert Payment.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/payments/"),
+        ("PATCH", "/api/viewset-payments/1/"),
+        ("POST", "/plain/"),
+    ],
+)
+@pytest.mark.parametrize(
+    "content_type",
+    ["multipart/form-data", "multipart/form-data; boundary=", "multipart/form-data; boundary=ü"],
+)
+def test_a_malformed_multipart_body_with_a_key_is_a_400_not_a_500(
+    client_alice, key, method, path, content_type
+):
+    response = client_alice.send(method, path, b"amount=5", content_type=content_type, key=key)
+
+    assert response.status_code == 400
+    body = json.loads(response.content)
+    assert body["code"] == "idempotency.body_invalid"
+    assert "ü" not in body["detail"]  # nothing of the request is echoed
+    assert not IdempotencyKey.objects.exists()
+    assert not Payment.objects.exists()

@@ -32,6 +32,13 @@ class PaymentSerializer(serializers.ModelSerializer):
     def validate_currency(self, value: str) -> str:
         return value.lower()
 
+    def validate_metadata(self, value: Any) -> dict[str, Any]:
+        # A form field "metadata=null" parses as JSON null, which the null check never sees.
+        if not isinstance(value, dict):
+            msg = "Must be a JSON object."
+            raise serializers.ValidationError(msg)
+        return value
+
 
 class PaymentUpdateSerializer(PaymentSerializer):
     """A payment's description and metadata can change; the money cannot."""

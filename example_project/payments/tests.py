@@ -121,3 +121,14 @@ def test_the_metrics_count_decisions(alice):
     scraped = Client().get("/metrics/").content.decode()
     assert 'django_idempotency_requests_total{outcome="replayed",route="api/payments/"}' in scraped
     assert "django_idempotency_inbox_dead_events 0.0" in scraped
+
+
+def test_metadata_must_be_an_object_even_from_a_form(alice):
+    response = alice.post(
+        "/api/payments/",
+        {"amount": "100", "currency": "EUR", "metadata": "null"},
+        headers={"Idempotency-Key": "form-null"},
+    )
+    assert response.status_code == 400
+    assert "metadata" in response.json()
+    assert not Payment.objects.exists()
