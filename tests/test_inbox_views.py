@@ -364,3 +364,19 @@ def test_an_unreadable_content_length_is_refused_with_400():
 
     assert response.status_code == 400
     assert problem(response)["code"] == "inbox.payload_invalid"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"id": "\\ud800", "type": "refund.succeeded", "data": {}}',
+        b'{"id": "evt_\\u0000", "type": "refund.succeeded", "data": {}}',
+        b'{"id": "evt_1", "type": "refund.\\udfff", "data": {}}',
+    ],
+    ids=["lone-surrogate-id", "nul-id", "lone-surrogate-type"],
+)
+def test_an_event_id_or_type_no_column_can_hold_is_refused_with_400(body):
+    response = deliver(body)
+    assert response.status_code == 400
+    assert problem(response)["code"] == "inbox.payload_invalid"
+    assert not InboxEvent.objects.exists()

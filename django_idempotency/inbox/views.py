@@ -163,7 +163,11 @@ class WebhookReceiverView(View):
         event_id = self.get_event_id(request, payload)
         if event_id is not None and not 0 < len(event_id) <= 255:
             raise _Refusal(problems.PAYLOAD_INVALID, "The event id must be 1 to 255 long.")
-        return payload, event_id, self.get_event_type(request, payload)[:255]
+        event_type = self.get_event_type(request, payload)[:255]
+        for name, value in (("id", event_id), ("type", event_type)):
+            if value is not None and not _storable(value):
+                raise _Refusal(problems.PAYLOAD_INVALID, f"The event {name} is not valid text.")
+        return payload, event_id, event_type
 
     def http_method_not_allowed(
         self, request: HttpRequest, *args: Any, **kwargs: Any
@@ -173,6 +177,16 @@ class WebhookReceiverView(View):
         )
         response["Allow"] = "POST"
         return response
+
+
+def _storable(text: str) -> bool:
+    """Whether a database column can hold ``text``: UTF-8 (no lone surrogate, as JSON's
+    "\\ud800" gives) and no NUL character."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return "\x00" not in text
 
 
 class _Refusal(Exception):

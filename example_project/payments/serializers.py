@@ -1,10 +1,19 @@
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from rest_framework import serializers
 
 from payments.models import Payment, Refund
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class PaymentSerializer(serializers.ModelSerializer):
@@ -36,6 +45,11 @@ class PaymentSerializer(serializers.ModelSerializer):
         # A form field "metadata=null" parses as JSON null, which the null check never sees.
         if not isinstance(value, dict):
             msg = "Must be a JSON object."
+            raise serializers.ValidationError(msg)
+        # PostgreSQL's jsonb holds neither NUL characters nor lone surrogates ("\ud800").
+        text = json.dumps(value, ensure_ascii=False)
+        if "\\u0000" in text or not _is_utf8(text):
+            msg = "Must hold text without NUL characters or lone surrogates."
             raise serializers.ValidationError(msg)
         return value
 
