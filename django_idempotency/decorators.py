@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import functools
-from functools import wraps
+from functools import partial, wraps
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
@@ -109,7 +108,7 @@ def idempotent(
                 # Django's async ORM runs this request's queries too. The view, run from there,
                 # awaits on the event loop, and its queries come back to that thread: they
                 # join the transaction that holds the key, as in a synchronous view.
-                view = async_to_sync(functools.partial(view_func, request, *args, **kwargs))
+                view = async_to_sync(partial(view_func, request, *args, **kwargs))
                 return await sync_to_async(handle, thread_sensitive=True)(request, view)
 
             return async_wrapper  # type: ignore[return-value] # awaited by Django
@@ -166,6 +165,10 @@ def conditional(
         return etag_for_version(getattr(instance, version_field))  # type: ignore[arg-type] # set
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
+        if iscoroutinefunction(view_func):
+            msg = f"@conditional supports synchronous views only; {view_func.__name__} is async."
+            raise ImproperlyConfigured(msg)
+
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             rows = queryset.filter(**{lookup_field: kwargs[url_kwarg]})

@@ -313,3 +313,11 @@ def test_a_delete_without_if_match_deletes(client_alice, document):
 def test_conditional_needs_exactly_one_source_of_etags(options):
     with pytest.raises(ImproperlyConfigured, match="exactly one of version_field and etag"):
         conditional(Document.objects.all(), **options)
+
+
+def test_conditional_refuses_an_async_view():
+    async def view(request, pk):  # pragma: no cover - never called
+        return HttpResponse()
+
+    with pytest.raises(ImproperlyConfigured, match="synchronous views only"):
+        conditional(Document.objects.all(), version_field="version")(view)
