@@ -72,7 +72,7 @@ def retries_allowed() -> bool:
 
 def from_headers(headers: Mapping[str, str], now: float | None = None) -> Inbound:
     """Read the guard headers of a request. Malformed values are ignored, as if absent."""
-    allowed = headers.get(DO_NOT_RETRY_HEADER, "").strip() not in {"1", "true"}
+    allowed = headers.get(DO_NOT_RETRY_HEADER, "").strip().lower() not in {"1", "true"}
     value = headers.get(TIMEOUT_HEADER, "").strip()
     deadline = None
     if value.isascii() and value.isdigit():

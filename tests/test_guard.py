@@ -156,6 +156,7 @@ def test_the_middleware_works_for_async_views():
         ({"Request-Timeout-Ms": str(10**30)}, 86_400.0, True),
         ({"Do-Not-Retry": "1"}, None, False),
         ({"Do-Not-Retry": "true"}, None, False),
+        ({"Do-Not-Retry": "True"}, None, False),
         ({"Do-Not-Retry": "0"}, None, True),
     ],
 )
