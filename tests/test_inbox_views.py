@@ -322,15 +322,8 @@ def test_a_database_failure_while_processing_inline_keeps_the_event_for_the_peri
     assert InboxEvent.objects.get().status == "received"
 
 
-@pytest.mark.parametrize(
-    "payload",
-    [
-        {"id": "evt_nul_text", "type": "customer.created", "data": {"note": "a\u0000b"}},
-        {"id": "evt_\u0000", "type": "customer.created", "data": {}},
-    ],
-    ids=["NUL in a string", "NUL in the id"],
-)
-def test_a_payload_the_database_cannot_store_is_refused_with_400_not_retried_forever(payload):
+def test_a_payload_the_database_cannot_store_is_refused_with_400_not_retried_forever():
+    payload = {"id": "evt_nul_text", "type": "customer.created", "data": {"note": "a\u0000b"}}
     response = deliver(payload)
 
     if connection.vendor == "postgresql":
