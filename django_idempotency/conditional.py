@@ -80,6 +80,12 @@ def parse_if_match(request: HttpRequest) -> list[str] | None:
     return tags
 
 
+def names_a_version(request: HttpRequest) -> bool:
+    """Whether ``If-Match`` names versions: not absent, and not ``*`` (any version will do)."""
+    if_match = request.headers.get("If-Match", "").strip()
+    return if_match not in {"", "*"}
+
+
 def check_preconditions(
     request: HttpRequest,
     etag: str | None,

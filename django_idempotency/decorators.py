@@ -16,6 +16,7 @@ from django_idempotency.conditional import (
     advance_version,
     check_preconditions,
     etag_for_version,
+    names_a_version,
 )
 from django_idempotency.engine import Engine, Policy, default_engine
 
@@ -190,9 +191,9 @@ def conditional(
                 if answer is not None:
                     return answer
                 if instance is not None and version_field is not None:
-                    if_match = request.headers.get("If-Match", "").strip()
                     try:
-                        advance_version(instance, version_field, expected=if_match not in {"", "*"})
+                        expected = names_a_version(request)
+                        advance_version(instance, version_field, expected=expected)
                     except PreconditionError as error:
                         return error.response
                 response = view_func(request, *args, **kwargs)

@@ -15,6 +15,7 @@ from django_idempotency.conditional import (
     check_preconditions,
     etag_for_content,
     etag_for_version,
+    names_a_version,
 )
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
 from django_idempotency.engine import (
@@ -224,22 +225,19 @@ class ConditionalMixin(_GenericBase):  # type: ignore[type-arg] # any model
         self._conditional_instance = instance
         return instance
 
-    def _if_match_given(self) -> bool:
-        # "If-Match: *" asks only that the resource exists, which get_object has established.
-        if_match = self.request.headers.get("If-Match", "").strip()
-        return bool(if_match) and if_match != "*"
-
     def perform_update(self, serializer: BaseSerializer[Any]) -> None:
         """Advance the version (a compare-and-set when ``If-Match`` was given), then save."""
         if self.etag_version_field is not None:
             instance = self._conditional_instance
             assert instance is not None, "get_object() ran first"  # noqa: S101 - an invariant
-            advance_version(instance, self.etag_version_field, expected=self._if_match_given())
+            advance_version(
+                instance, self.etag_version_field, expected=names_a_version(self.request._request)
+            )
         super().perform_update(serializer)  # type: ignore[misc] # UpdateModelMixin's
 
     def perform_destroy(self, instance: Model) -> None:
         """Claim the version with a compare-and-set when ``If-Match`` was given, then delete."""
-        if self.etag_version_field is not None and self._if_match_given():
+        if self.etag_version_field is not None and names_a_version(self.request._request):
             advance_version(instance, self.etag_version_field, expected=True)
         super().perform_destroy(instance)  # type: ignore[misc] # DestroyModelMixin's
 

@@ -37,7 +37,14 @@ from django_idempotency.fingerprint import UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scope import AnonymousRejected
-from django_idempotency.store import Claim, Conflict, KeyBusy, KeyStore, StoredResponse
+from django_idempotency.store import (
+    Claim,
+    Conflict,
+    KeyBusy,
+    KeyStore,
+    NewKey,
+    StoredResponse,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -220,7 +227,7 @@ class _Keyed:
         Raise ``KeyBusy`` if the wait on a concurrent request with the key timed out.
         """
         lease = self.policy.mode == "lease"
-        claimed = store.claim_or_replay(
+        new = NewKey(
             scope=self.scope,
             key=self.key,
             method=self.request.method or "",
@@ -230,8 +237,8 @@ class _Keyed:
             expires_at=now + self.policy.ttl,
             wait_timeout=self.policy.wait_timeout,
             locked_until=now + self.policy.lease_timeout if lease else None,
-            alone=alone,
         )
+        claimed = store.claim_or_replay(new, alone=alone)
         if isinstance(claimed, Claim):
             return claimed
         found = claimed or store.replay(

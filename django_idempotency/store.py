@@ -34,6 +34,21 @@ class KeyBusy(Exception):
     """Another request holds the key and did not finish within the wait bound."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class NewKey:
+    """The row a request claims: its key, what the request is, and how long it lives."""
+
+    scope: str
+    key: str
+    method: str
+    route: str
+    fingerprint: str
+    now: datetime
+    expires_at: datetime
+    wait_timeout: float  # for a concurrent request that holds the key
+    locked_until: datetime | None = None  # lease mode
+
+
 @dataclass(frozen=True)
 class Claim:
     """A key row this request owns until it completes; ``lease_version`` fences the final write."""
@@ -221,62 +236,51 @@ class KeyStore:
     def _prep(self, name: str, value: Any) -> Any:
         return _field(name).get_db_prep_save(value, self.connection)
 
-    def claim(
-        self,
-        *,
-        scope: str,
-        key: str,
-        method: str,
-        route: str,
-        fingerprint: str,
-        now: datetime,
-        expires_at: datetime,
-        wait_timeout: float,
-        locked_until: datetime | None = None,
-    ) -> Claim | None:
+    def claim(self, new: NewKey) -> Claim | None:
         """Insert the key row, or take over one that expired, failed or lost its lease.
 
         ``None`` if a live row holds the key. Must run inside ``transaction.atomic``. Raises
         ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
-        params = self._claim_params(
-            scope=scope,
-            key=key,
-            method=method,
-            route=route,
-            fingerprint=fingerprint,
-            now=now,
-            expires_at=expires_at,
-            wait_timeout=wait_timeout,
-            locked_until=locked_until,
-        )
-        row = self._fetch(self.sql.claim, params)
+        row = self._fetch(self.sql.claim, self._claim_params(new))
         if row is None:
             return None
         return Claim(id=row[0], lease_version=row[1], attempts=row[2])
 
-    def _claim_params(
-        self,
-        *,
-        scope: str,
-        key: str,
-        method: str,
-        route: str,
-        fingerprint: str,
-        now: datetime,
-        expires_at: datetime,
-        wait_timeout: float,
-        locked_until: datetime | None = None,
-    ) -> list[Any]:
-        prepared_now = self._prep("expires_at", now)
+    def claim_or_replay(self, new: NewKey, *, alone: bool = False) -> Claim | StoredResponse | None:
+        """Claim the key as ``claim()`` does or, if a live row holds it, replay that row.
+
+        One round trip on PostgreSQL. ``None`` when neither was done: then ``replay()`` says
+        why (the row is still running, or its fingerprint differs), or replays a row that a
+        concurrent request committed while this one waited. ``alone`` as for ``replay()``.
+        """
+        sql = self.sql.claim_or_replay_relaxed if alone else self.sql.claim_or_replay
+        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
+            return self.claim(new)
+        replay = self._replay_params(new.scope, new.key, new.fingerprint, new.now)
+        row = self._fetch(sql, [*self._claim_params(new), *replay])
+        if row is None:
+            return None
+        if row[0] is not None:
+            return Claim(id=row[0], lease_version=row[1], attempts=row[2])
+        return _stored(row[3:8])
+
+    def _claim_params(self, new: NewKey) -> list[Any]:
+        prepared_now = self._prep("expires_at", new.now)
         params = [
-            scope, key, method, route, fingerprint, IdempotencyKey.State.IN_PROGRESS, 1,
-            self._prep("locked_until", locked_until), 1, self._prep("created_at", now),
-            self._prep("expires_at", expires_at), 0, prepared_now, prepared_now,
+            new.scope, new.key, new.method, new.route, new.fingerprint,
+            IdempotencyKey.State.IN_PROGRESS, 1, self._prep("locked_until", new.locked_until), 1,
+            self._prep("created_at", new.now), self._prep("expires_at", new.expires_at), 0,
+            prepared_now, prepared_now,
         ]  # fmt: skip
         if self.connection.vendor == "postgresql":
-            params.insert(0, f"{max(1, round(wait_timeout * 1000))}ms")
+            params.insert(0, f"{max(1, round(new.wait_timeout * 1000))}ms")
         return params
+
+    def _replay_params(self, scope: str, key: str, fingerprint: str, now: datetime) -> list[Any]:
+        prepared_now = self._prep("last_replayed_at", now)
+        state = IdempotencyKey.State.SUCCEEDED
+        return [prepared_now, scope, key, state, fingerprint, prepared_now]
 
     def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
         """Run a claiming statement; ``KeyBusy`` if its wait on a duplicate timed out."""
@@ -289,51 +293,6 @@ class KeyStore:
                 raise
             return cast("tuple[Any, ...] | None", cursor.fetchone())
 
-    def claim_or_replay(
-        self,
-        *,
-        scope: str,
-        key: str,
-        method: str,
-        route: str,
-        fingerprint: str,
-        now: datetime,
-        expires_at: datetime,
-        wait_timeout: float,
-        locked_until: datetime | None = None,
-        alone: bool = False,
-    ) -> Claim | StoredResponse | None:
-        """Claim the key as ``claim()`` does or, if a live row holds it, replay that row.
-
-        One round trip on PostgreSQL. ``None`` when neither was done: then ``replay()`` says
-        why (the row is still running, or its fingerprint differs), or replays a row that a
-        concurrent request committed while this one waited. ``alone`` as for ``replay()``.
-        """
-        fields: dict[str, Any] = {
-            "scope": scope,
-            "key": key,
-            "method": method,
-            "route": route,
-            "fingerprint": fingerprint,
-            "now": now,
-            "expires_at": expires_at,
-            "wait_timeout": wait_timeout,
-            "locked_until": locked_until,
-        }
-        sql = self.sql.claim_or_replay_relaxed if alone else self.sql.claim_or_replay
-        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
-            return self.claim(**fields)
-        prepared_now = self._prep("last_replayed_at", now)
-        params = self._claim_params(**fields)
-        params += [prepared_now, scope, key, IdempotencyKey.State.SUCCEEDED, fingerprint]
-        params.append(prepared_now)
-        row = self._fetch(sql, params)
-        if row is None:
-            return None
-        if row[0] is not None:
-            return Claim(id=row[0], lease_version=row[1], attempts=row[2])
-        return _stored(row[3:8])
-
     def replay(
         self, *, scope: str, key: str, fingerprint: str, now: datetime, alone: bool = False
     ) -> StoredResponse | Conflict:
@@ -342,15 +301,7 @@ class KeyStore:
         ``alone``: nothing else is written in this transaction, so its commit need not wait
         for the disk (the count is all it would lose in a crash).
         """
-        prepared_now = self._prep("last_replayed_at", now)
-        params = [
-            prepared_now,
-            scope,
-            key,
-            IdempotencyKey.State.SUCCEEDED,
-            fingerprint,
-            prepared_now,
-        ]
+        params = self._replay_params(scope, key, fingerprint, now)
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.replay_relaxed if alone else self.sql.replay, params)
             row = cursor.fetchone()

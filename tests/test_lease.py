@@ -18,7 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import KeyStore
+from django_idempotency.store import KeyStore, NewKey
 from tests.conftest import ApiClient
 from tests.testapp.models import Payment
 from tests.testapp.views import RecoveringLeasePaymentView
@@ -33,8 +33,10 @@ def _forget_recoveries():
 
 def claim(store, key, now, lease=timedelta(seconds=1)):
     return store.claim(
-        scope="s", key=key, method="POST", route="r/", fingerprint="f" * 64, now=now,
-        expires_at=now + timedelta(hours=24), wait_timeout=1, locked_until=now + lease,
+        NewKey(
+            scope="s", key=key, method="POST", route="r/", fingerprint="f" * 64, now=now,
+            expires_at=now + timedelta(hours=24), wait_timeout=1, locked_until=now + lease,
+        )
     )  # fmt: skip
 
 

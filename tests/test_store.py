@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Claim, KeyStore, StoredResponse
+from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
@@ -262,18 +262,18 @@ def synchronous_commit():
 @pytest.mark.parametrize("alone", [True, False])
 def test_only_a_replay_alone_in_its_transaction_commits_without_waiting_for_the_disk(alone):
     store, now = KeyStore("default"), timezone.now()
-    fields = {
-        "scope": "s", "key": "k", "method": "POST", "route": "r/", "fingerprint": "f" * 64,
-        "now": now, "expires_at": now + timedelta(hours=1), "wait_timeout": 1,
-    }  # fmt: skip
+    new = NewKey(
+        scope="s", key="k", method="POST", route="r/", fingerprint="f" * 64,
+        now=now, expires_at=now + timedelta(hours=1), wait_timeout=1,
+    )  # fmt: skip
     with transaction.atomic():
-        claim = store.claim_or_replay(**fields, alone=alone)
+        claim = store.claim_or_replay(new, alone=alone)
         # A claim's transaction commits the view's writes with the key: always durable.
         assert isinstance(claim, Claim)
         assert synchronous_commit() == "on"
         store.complete(claim, status=201, headers=[], body=b"{}", now=now)
     with transaction.atomic():
-        replayed = store.claim_or_replay(**fields, alone=alone)
+        replayed = store.claim_or_replay(new, alone=alone)
         assert isinstance(replayed, StoredResponse)
         assert replayed.replay_count == 1
         # A replay's only write is its count: alone, its commit need not wait for the disk.
