@@ -5,6 +5,7 @@ Ids are stable: never reuse one. Retired: W001 (became E012 before any release).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -122,3 +123,33 @@ def check_cache(
             )
         ]
     return []
+
+
+# A lease is renewed every third of its length: under this, one slow renewal round trip (a
+# database failover, a long pause of the process) hands a live request's key to its retry.
+MIN_LEASE_SECONDS = 3.0
+
+
+@register(Tags.compatibility)
+def check_lease(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    lease = user.get("LEASE_TIMEOUT") if isinstance(user, dict) else None
+    if lease is None or VALIDATORS["LEASE_TIMEOUT"][1](lease) is not None:
+        return []  # the default, or an invalid value that E015 reports
+    seconds = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
+    if seconds >= MIN_LEASE_SECONDS:
+        return []
+    return [
+        Warning(
+            f"IDEMPOTENCY['LEASE_TIMEOUT'] is {seconds:g} s: a live request renews its lease "
+            "every third of that, so a short pause of the database or of the process lets a "
+            "retry take its key over.",
+            hint=f"Use at least {MIN_LEASE_SECONDS:g} seconds; the lease only decides how soon "
+            "a dead request's key is taken over.",
+            id="django_idempotency.W005",
+        )
+    ]

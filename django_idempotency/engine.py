@@ -35,6 +35,8 @@ from django_idempotency.conf import (
 )
 from django_idempotency.fingerprint import UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
+from django_idempotency.leases import LeaseKeeper
+from django_idempotency.leases import leases as default_leases
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scope import AnonymousRejected
 from django_idempotency.store import (
@@ -312,12 +314,24 @@ def _answer_from(found: StoredResponse | Conflict) -> _Decision:
     return _Decision(Outcome.MISMATCH, mismatch)
 
 
-def _release(store: KeyStore, claim: Claim) -> None:
-    """Mark a lease-mode key failed so that a retry runs again; never mask the real error."""
+def _release(store: KeyStore, claim: Claim) -> bool:
+    """Mark a lease-mode key failed so that a retry runs again; never mask the real error.
+
+    ``False`` if another request took the key over meanwhile.
+    """
     try:
-        store.fail(claim)
+        return store.fail(claim)
     except DATABASE_UNAVAILABLE:
         logger.warning("could not release an idempotency key; its lease will run out")
+        return True
+
+
+def _pause_until(deadline: float) -> None:
+    """Wait a little before looking at a key again; ``KeyBusy`` once ``deadline`` passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise KeyBusy
+    time.sleep(min(LEASE_POLL_SECONDS, remaining))
 
 
 def _replay_response(stored: StoredResponse) -> HttpResponse:
@@ -331,10 +345,13 @@ def _replay_response(stored: StoredResponse) -> HttpResponse:
 
 
 class Engine:
-    """Claim → execute → store, or replay. ``clock`` is injectable for tests."""
+    """Claim → execute → store, or replay. ``clock`` and ``leases`` are injectable for tests."""
 
-    def __init__(self, clock: Callable[[], datetime] = timezone.now) -> None:
+    def __init__(
+        self, clock: Callable[[], datetime] = timezone.now, leases: LeaseKeeper = default_leases
+    ) -> None:
         self.clock = clock
+        self.leases = leases
 
     def handle(
         self,
@@ -483,7 +500,9 @@ class Engine:
 
         For views whose effect leaves the database (a card charge): a duplicate sees the
         committed claim and waits for the result, and a request that dies leaves a lease that
-        runs out, after which the next request with the key takes it over.
+        runs out, after which the next request with the key takes it over. The view's own
+        writes commit in one transaction with the completion, which the lease version fences:
+        a request whose key was taken over keeps none of them.
         """
         policy = keyed.policy
         store = KeyStore(router.db_for_write(IdempotencyKey))
@@ -494,51 +513,88 @@ class Engine:
                 "django.db.transaction.non_atomic_requests."
             )
             raise ImproperlyConfigured(msg)
-        deadline = time.monotonic() + policy.wait_timeout
-        while True:
-            now = self.clock()
-            with transaction.atomic(using=store.using):
-                found = keyed.claim_or_replay(store, now, alone=True)
-            if isinstance(found, Claim):
-                claim = found
-                break
-            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
-                return _answer_from(found)
-            # The first request still holds its lease: look again until the wait runs out. A
-            # lease that runs out meanwhile is taken over by the claim itself.
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise KeyBusy
-            time.sleep(min(LEASE_POLL_SECONDS, remaining))
-
-        response = None
-        if claim.attempts > 1 and policy.recover is not None:
-            # An earlier request with this key did not finish: its effect may have happened.
-            response = policy.recover(keyed.view_request, key=keyed.key, attempt=claim.attempts)
-        if response is None:
+        claim = self._wait_for_claim(keyed, store)
+        if not isinstance(claim, Claim):
+            return claim
+        with self.leases.keep(store, claim, keyed.key, policy.lease_timeout):
             try:
-                response = keyed.view()
+                response, kept = self._run_fenced(keyed, store, claim)
             except Exception:
-                _release(store, claim)
-                raise
-        if not policy.stores(response.status_code):
-            _release(store, claim)
+                if _release(store, claim):
+                    raise
+                return self._superseded(keyed, store)
+        if response is None or (not kept and not _release(store, claim)):
+            return self._superseded(keyed, store)  # the key is no longer this request's
+        if not kept:
             return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
-        headers, body = _capture(response)
-        stored = store.complete(
-            claim, status=response.status_code, headers=headers, body=body, now=self.clock()
-        )
-        if not stored:
-            # Our lease ran out and another request took the key over: it stores its own
-            # answer, and this one, already given to its client, is not kept.
-            logger.error("the lease on idempotency key %s was taken over; not stored", keyed.key)
-            return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
-        keyed.remember(
-            StoredResponse(response.status_code, headers, body, 0, now + policy.ttl),
-            store.using,
-        )
         response[STATUS_HEADER] = "stored"
         return _Decision(Outcome.STORED, response, attempt=claim.attempts)
+
+    def _wait_for_claim(self, keyed: _Keyed, store: KeyStore) -> Claim | _Decision:
+        """Claim the key; while a live request holds it, look again until the wait runs out."""
+        deadline = time.monotonic() + keyed.policy.wait_timeout
+        while True:
+            with transaction.atomic(using=store.using):
+                found = keyed.claim_or_replay(store, self.clock(), alone=True)
+            if isinstance(found, Claim):
+                return found
+            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
+                return _answer_from(found)
+            # A lease that runs out meanwhile is taken over by the claim itself.
+            _pause_until(deadline)
+
+    def _run_fenced(
+        self, keyed: _Keyed, store: KeyStore, claim: Claim
+    ) -> tuple[HttpResponseBase | None, bool]:
+        """Run the view (or the recovery hook) and store its answer in one transaction.
+
+        Return the response and whether it was kept. ``(None, False)``: the lease was taken
+        over meanwhile, so the view's writes were rolled back. A response that is not to be
+        stored is returned unkept, its writes rolled back too.
+        """
+        policy = keyed.policy
+        with transaction.atomic(using=store.using):
+            response = None
+            if claim.attempts > 1 and policy.recover is not None:
+                # An earlier request with this key did not finish: its effect may have happened.
+                response = policy.recover(keyed.view_request, key=keyed.key, attempt=claim.attempts)
+            if response is None:
+                response = keyed.view()
+            if not policy.stores(response.status_code):
+                transaction.set_rollback(True, using=store.using)
+                return response, False
+            headers, body = _capture(response)
+            if not store.complete(
+                claim, status=response.status_code, headers=headers, body=body, now=self.clock()
+            ):
+                transaction.set_rollback(True, using=store.using)
+                return None, False
+            keyed.remember(
+                StoredResponse(response.status_code, headers, body, 0, self.clock() + policy.ttl),
+                store.using,
+            )
+        return response, True
+
+    def _superseded(self, keyed: _Keyed, store: KeyStore) -> _Decision:
+        """Answer a request whose key was taken over while it ran with the new owner's answer."""
+        logger.error(
+            "the lease on idempotency key %s was taken over while its request ran: its writes "
+            "were rolled back, and it answers with the new owner's result",
+            keyed.key,
+        )
+        deadline = time.monotonic() + keyed.policy.wait_timeout
+        while True:
+            with transaction.atomic(using=store.using):
+                found = store.replay(
+                    scope=keyed.scope,
+                    key=keyed.key,
+                    fingerprint=keyed.fingerprint,
+                    now=self.clock(),
+                    alone=True,
+                )
+            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
+                return _answer_from(found)
+            _pause_until(deadline)
 
     def _log(self, decision: _Decision, duration: float, overhead: float) -> None:
         scope_hash = (

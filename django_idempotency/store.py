@@ -112,6 +112,7 @@ class _Statements(NamedTuple):
     claim_or_replay_relaxed: str | None
     complete: str
     fail: str
+    renew: str
 
 
 def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
@@ -157,6 +158,11 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL "  # noqa: S608
         f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
     )
+    # Only a live request renews its lease, and only while its row is still its own.
+    renew = (
+        f"UPDATE {t} SET {c('locked_until')} = %s "  # noqa: S608
+        f"WHERE {c('id')} = %s AND {c('lease_version')} = %s AND {c('state')} = 'in_progress'"
+    )
     replay = (
         f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
         f"{c('last_replayed_at')} = %s "
@@ -172,7 +178,7 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
     replay_relaxed = f"{replay}, {relax}" if vendor == "postgresql" else replay
     if vendor != "postgresql":
         claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
-        return _Statements(claim, replay, replay_relaxed, None, None, complete, fail)
+        return _Statements(claim, replay, replay_relaxed, None, None, complete, fail, renew)
     # One round trip: the CTE sets a transaction-local lock_timeout before the insert can wait
     # on a duplicate's uncommitted row, and RETURNING puts the previous value back once the
     # claim is won, so the view's own queries are not bounded by it. A claim that loses (a
@@ -215,6 +221,7 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         claim_or_replay(relax),
         complete,
         fail,
+        renew,
     )
 
 
@@ -342,4 +349,11 @@ class KeyStore:
         """Mark the claimed row failed, so the next request takes it over. Fenced like complete."""
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.fail, [claim.id, claim.lease_version])
+            return bool(cursor.rowcount == 1)
+
+    def renew(self, claim: Claim, locked_until: datetime) -> bool:
+        """Extend a running request's lease. ``False`` if the row is no longer its own."""
+        until = self._prep("locked_until", locked_until)
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.renew, [until, claim.id, claim.lease_version])
             return bool(cursor.rowcount == 1)

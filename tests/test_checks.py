@@ -133,3 +133,21 @@ def test_a_replay_cache_that_swallows_errors_is_warned_about():
     with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "default"}):
         assert check_cache() == []
     assert check_cache() == []
+
+
+@pytest.mark.parametrize(
+    ("lease", "expected"),
+    [
+        (1, ["django_idempotency.W005"]),
+        (timedelta(seconds=2.5), ["django_idempotency.W005"]),
+        (3, []),
+        (timedelta(minutes=1), []),
+        (-1, []),  # E015's to report
+    ],
+)
+def test_a_lease_too_short_to_survive_a_slow_renewal_is_warned_about(lease, expected):
+    from django_idempotency.checks import check_lease  # noqa: PLC0415
+
+    with override_settings(IDEMPOTENCY={"LEASE_TIMEOUT": lease}):
+        assert ids(check_lease()) == expected
+    assert check_lease() == []

@@ -24,7 +24,9 @@ class Payment(models.Model):
     # The payment's ETag: updates with If-Match compare and advance it (ConditionalMixin).
     version = models.PositiveIntegerField(_("version"), default=1, editable=False)
     amount_refunded = models.PositiveBigIntegerField(_("amount refunded"), default=0)
-    provider_reference = models.CharField(_("provider reference"), max_length=64)
+    # One payment per charge at the provider: a second record of the same charge is refused by
+    # the database, whatever the code above it does.
+    provider_reference = models.CharField(_("provider reference"), max_length=64, unique=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.conf import settings
+from django.db import connection
 
 from django_idempotency.inbox import StripeSignature
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+T = TypeVar("T")
 
 LATENCY = 0.2
 """Seconds each authorization takes."""
@@ -25,21 +32,44 @@ def authorize(amount: int, currency: str) -> str:
     return f"auth_{uuid.uuid4().hex[:16]}"
 
 
-def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
-    """Charge a card at the provider; the same key returns the first charge's reference.
+def _elsewhere(work: Callable[[], T]) -> T:
+    """Run ``work()`` on a database connection of its own, as the provider's system would.
 
-    Its effect is outside our transaction: it commits at once, whatever happens to ours.
+    The provider's records commit at once, whatever happens to the transaction of the view
+    that called it: that is what makes a charge an effect outside our database.
     """
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["value"] = work()
+        except BaseException as exc:  # handed to the caller below
+            result["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if "error" in result:
+        raise result["error"]
+    return cast("T", result["value"])
+
+
+def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
+    """Charge a card at the provider; the same key returns the first charge's reference."""
     from payments.models import ProviderCharge  # noqa: PLC0415 - models load after settings
 
     time.sleep(LATENCY)
-    record, _created = ProviderCharge.objects.get_or_create(
-        idempotency_key=idempotency_key,
-        defaults={
-            "reference": f"ch_{uuid.uuid4().hex[:16]}",
-            "amount": amount,
-            "currency": currency,
-        },
+    record, _created = _elsewhere(
+        lambda: ProviderCharge.objects.get_or_create(
+            idempotency_key=idempotency_key,
+            defaults={
+                "reference": f"ch_{uuid.uuid4().hex[:16]}",
+                "amount": amount,
+                "currency": currency,
+            },
+        )
     )
     return record.reference
 
@@ -48,10 +78,12 @@ def find_charge(idempotency_key: str) -> str | None:
     """The reference of the charge made with this key, if the provider has one."""
     from payments.models import ProviderCharge  # noqa: PLC0415
 
-    return (
-        ProviderCharge.objects.filter(idempotency_key=idempotency_key)
-        .values_list("reference", flat=True)
-        .first()
+    return _elsewhere(
+        lambda: (
+            ProviderCharge.objects.filter(idempotency_key=idempotency_key)
+            .values_list("reference", flat=True)
+            .first()
+        )
     )
 
 

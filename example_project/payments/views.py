@@ -130,8 +130,10 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
     """Charge a card at the provider: an effect outside our database, so in lease mode.
 
     The key is committed before the provider is called, and the provider gets a key derived
-    from ours. If a request dies after the provider took the money, the retry's recovery hook
-    finds that charge and records it instead of charging the card again.
+    from ours. The payment that records the charge commits with the key's completion, or not at
+    all. If a request dies after the provider took the money, the retry's recovery hook finds that
+    charge and records it instead of charging the card again; the payment's unique provider
+    reference refuses a second record of one charge.
     """
 
     serializer_class = PaymentSerializer

@@ -11,8 +11,29 @@ class Payment(models.Model):
     # What a downstream provider would keep: the idempotency key it was called with.
     reference = models.CharField(max_length=255, blank=True, default="")
 
+    class Meta:
+        # One payment per provider charge, as a real project records it.
+        constraints = [
+            models.UniqueConstraint(
+                fields=["reference"],
+                condition=~models.Q(reference=""),
+                name="testapp_payment_unique_reference",
+            )
+        ]
+
     def __str__(self) -> str:
         return f"{self.amount} {self.currency}"
+
+
+class Charge(models.Model):
+    """A downstream provider's charge: it commits on its own, whatever our transaction does."""
+
+    key = models.CharField(max_length=255, unique=True)
+    amount = models.PositiveIntegerField()
+    calls = models.PositiveIntegerField(default=0)  # how many times the provider was asked
+
+    def __str__(self) -> str:
+        return f"charge {self.key}"
 
 
 class LedgerEntry(models.Model):

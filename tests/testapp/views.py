@@ -24,6 +24,7 @@ from django_idempotency import guard
 from django_idempotency.client import RetryPolicy, retrying_client
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
+from tests.testapp import provider
 from tests.testapp.models import LedgerEntry, Payment
 
 
@@ -220,19 +221,27 @@ twice = csrf_exempt(idempotent(idempotent(plain_payment)))
 
 
 class LeasePaymentView(IdempotentMixin, APIView):
-    """An effect that "leaves the database": the payment commits as soon as it is written."""
+    """An effect that leaves the database: a charge at a provider, then our record of it.
+
+    ``X-Delay`` makes the provider slow before it charges, ``X-Hold`` the view slow after the
+    charge and before recording it, ``X-Hold-Recorded`` slow after recording it.
+    """
 
     idempotency_mode = "lease"
     idempotency_lease_timeout = 1
 
     def post(self, request):
-        payment = Payment.objects.create(
-            amount=request.data["amount"], reference=request.headers["Idempotency-Key"]
-        )
+        key = request.headers["Idempotency-Key"]
+        if delay := request.headers.get("X-Delay"):
+            time.sleep(float(delay))
+        provider.charge(key, request.data["amount"])
         if hold := request.headers.get("X-Hold"):
             time.sleep(float(hold))
         if request.headers.get("X-Fail") == "exception":
             raise RuntimeError("boom after the effect")
+        payment = Payment.objects.create(amount=request.data["amount"], reference=key)
+        if hold := request.headers.get("X-Hold-Recorded"):
+            time.sleep(float(hold))
         if forced := request.headers.get("X-Status"):
             return Response({"forced": forced}, status=int(forced))
         return Response({"id": payment.pk}, status=201)
@@ -243,8 +252,12 @@ class RecoveringLeasePaymentView(LeasePaymentView):
 
     def recover_idempotent_request(self, request, *, key, attempt):
         self.recovered.append((key, attempt))
+        charge = provider.find_charge(key)
+        if charge is None:
+            return None  # the provider never charged: run the view again
         payment = Payment.objects.filter(reference=key).first()
-        return Response({"id": payment.pk}, status=201) if payment else None
+        payment = payment or Payment.objects.create(amount=charge.amount, reference=key)
+        return Response({"id": payment.pk}, status=201)
 
 
 class PlainTextParser(BaseParser):
