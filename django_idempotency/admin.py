@@ -12,7 +12,7 @@ from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.db.models import F
+from django.db import router
 from django.shortcuts import redirect
 from django.urls import path
 from django.utils import timezone
@@ -25,6 +25,7 @@ from django_idempotency.conf import UNSAFE_METHODS
 from django_idempotency.inbox import processing as inbox
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
+from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -262,16 +263,11 @@ class IdempotencyKeyAdmin(_ModelAdmin):
     def release_expired_leases(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> None:
-        # What the sweeper does: fail the key and raise its lease version, so that a retry
-        # runs it again (asking the view's recovery hook) and the lost worker cannot store.
-        stuck = list(queryset.filter(locked_until__lte=timezone.now()))
-        count = IdempotencyKey.objects.filter(
-            pk__in=[key.pk for key in stuck], locked_until__lte=timezone.now()
-        ).update(
-            state=IdempotencyKey.State.FAILED,
-            locked_until=None,
-            lease_version=F("lease_version") + 1,
-        )
+        # What the sweeper does, to the selected keys only.
+        now = timezone.now()
+        stuck = list(queryset.filter(locked_until__lte=now))
+        store = KeyStore(router.db_for_write(IdempotencyKey))
+        count = store.release_expired(now, limit=len(stuck), ids=[key.pk for key in stuck])
         for key in stuck:
             self.log_change(request, key, "Released its expired lease.")
         self.message_user(

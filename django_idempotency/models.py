@@ -4,16 +4,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
-from django.db import OperationalError, connections, models, router, transaction
+from django.db import connections, models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
+
+from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
     from datetime import datetime
 
-    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("django_idempotency")
 
@@ -46,23 +47,19 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         ``max_seconds`` bounds it (the next run carries on). Safe in several processes at once.
         """
         now = now or timezone.now()
-        using = router.db_for_write(self.model)
-        connection = connections[using]
-        bounds = self.using(using).aggregate(low=models.Min("pk"), high=models.Max("pk"))
+        store = KeyStore(router.db_for_write(self.model))
+        bounds = self.using(store.using).aggregate(low=models.Min("pk"), high=models.Max("pk"))
         started = time.monotonic()
         deleted = batches = 0
         longest_batch = 0.0
         complete = True
         if bounds["low"] is not None:
-            prepared_now = self.model._meta.get_field("expires_at").get_db_prep_value(
-                now, connection
-            )
             for low in range(bounds["low"], bounds["high"] + 1, batch_size):
                 if max_seconds is not None and time.monotonic() - started >= max_seconds:
                     complete = False
                     break
                 batch_started = time.monotonic()
-                deleted += _delete_batch(connection, [low, low + batch_size, prepared_now])
+                deleted += store.purge_range(low, low + batch_size, now)
                 longest_batch = max(longest_batch, time.monotonic() - batch_started)
                 batches += 1
                 if pause:
@@ -88,14 +85,10 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         lease is swept once.
         """
         now = now or timezone.now()
-        connection = connections[router.db_for_write(self.model)]
-        statement = _sweep_statement(connection)
-        prepared_now = self.model._meta.get_field("locked_until").get_db_prep_value(now, connection)
+        store = KeyStore(router.db_for_write(self.model))
         swept = 0
         while True:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [prepared_now, batch_size])
-                count: int = cursor.rowcount
+            count = store.release_expired(now, limit=batch_size)
             swept += count
             if count < batch_size:
                 break
@@ -103,69 +96,6 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
             "swept %d expired idempotency leases", swept, extra={"idempotency_swept": swept}
         )
         return swept
-
-
-def _quoted_column(connection: BaseDatabaseWrapper, name: str) -> str:
-    field = cast("models.Field[Any, Any]", IdempotencyKey._meta.get_field(name))
-    return connection.ops.quote_name(field.column)
-
-
-def _sweep_statement(connection: BaseDatabaseWrapper) -> str:
-    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
-
-    def c(name: str) -> str:
-        return _quoted_column(connection, name)
-
-    # Only leased, unfinished rows carry locked_until: the partial lease index finds them.
-    pick = f"SELECT {c('id')} FROM {table} WHERE {c('locked_until')} <= %s "  # noqa: S608
-    pick += f"ORDER BY {c('locked_until')} LIMIT %s"
-    if connection.vendor == "postgresql":
-        pick += " FOR UPDATE SKIP LOCKED"  # another sweeper's batch is its own
-    return (
-        f"UPDATE {table} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
-        f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({pick})"
-    )
-
-
-# How long a purge batch waits for a row that a request holds (taking that expired key over)
-# before it leaves the locked rows of that batch for the next run.
-PURGE_LOCK_TIMEOUT = "100ms"
-
-
-def _delete_batch(connection: BaseDatabaseWrapper, params: list[Any]) -> int:
-    """Delete one range's expired rows in a transaction of its own; return how many."""
-    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
-    pk, expires = _quoted_column(connection, "id"), _quoted_column(connection, "expires_at")
-    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
-    # Python as soon as a project connects a post_delete receiver to this model.
-    where = f"{pk} >= %s AND {pk} < %s AND {expires} <= %s"
-    delete = f"DELETE FROM {table} WHERE {where}"  # noqa: S608
-    if connection.vendor != "postgresql":
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(delete, params)
-            return int(cursor.rowcount)
-    # A plain range delete is the fastest. A row it finds locked belongs to a request taking
-    # that key over, which may hold it for the whole view: wait a moment (the CTE bounds the
-    # wait before any row is locked), then skip the locked rows of this range instead, so
-    # that no batch holds its locks for long.
-    bounded = (
-        "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
-        f"DELETE FROM {table} WHERE {where} AND EXISTS (SELECT FROM bounded)"
-    )
-    try:
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(bounded, [PURGE_LOCK_TIMEOUT, *params])
-            return int(cursor.rowcount)
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) != "55P03":  # lock_not_available
-            raise
-    skip_locked = (
-        f"DELETE FROM {table} WHERE {pk} IN (SELECT {pk} FROM {table} "  # noqa: S608
-        f"WHERE {where} FOR UPDATE SKIP LOCKED)"
-    )
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        cursor.execute(skip_locked, params)
-        return int(cursor.rowcount)
 
 
 class IdempotencyKey(models.Model):
@@ -265,7 +195,7 @@ def _purge_batches(
     pick += f"ORDER BY {done} LIMIT %s"
     if connection.vendor == "postgresql":
         pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
-    # Our own DELETE, not QuerySet.delete(): see _delete_batch().
+    # Our own DELETE, not QuerySet.delete(): see KeyStore.purge_range().
     delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
     cutoff = model._meta.get_field(done_at).get_db_prep_value(older_than, connection)  # type: ignore[union-attr] # a concrete field
     started = time.monotonic()

@@ -1,4 +1,4 @@
-"""Database operations on ``IdempotencyKey`` rows: claim, replay, complete.
+"""Every statement on the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
 
 The unique index on (scope, key) is the only arbiter of races. A claim is one
 ``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or takes over
@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-from django.db import OperationalError, connections
-
-from django_idempotency.models import IdempotencyKey
+from django.apps import apps
+from django.db import OperationalError, connections, transaction
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Field
+
+    from django_idempotency.models import IdempotencyKey
 
 # PostgreSQL SQLSTATE lock_not_available: raised when lock_timeout expires.
 LOCK_NOT_AVAILABLE = "55P03"
@@ -74,7 +75,13 @@ class Conflict:
     fingerprint_matches: bool
 
 
-def _is_lock_timeout(exc: OperationalError) -> bool:
+# How long a purge batch waits for a row that a request holds (taking that expired key over)
+# before it leaves the locked rows of that batch for the next run.
+PURGE_LOCK_TIMEOUT = "100ms"
+
+
+def is_lock_timeout(exc: OperationalError) -> bool:
+    """Whether ``exc`` is PostgreSQL's lock_timeout running out, with psycopg 3 or psycopg2."""
     # psycopg 3 names it sqlstate, psycopg2 pgcode. SQLite's "database is locked" is not this:
     # SQLite locks the whole database, so a wait there says nothing about the key.
     cause = exc.__cause__
@@ -100,8 +107,13 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
     )
 
 
+def _model() -> type[IdempotencyKey]:
+    # Looked up, not imported: the model's manager builds on this module.
+    return cast("type[IdempotencyKey]", apps.get_model("django_idempotency", "IdempotencyKey"))
+
+
 def _field(name: str) -> Field[Any, Any]:
-    return cast("Field[Any, Any]", IdempotencyKey._meta.get_field(name))
+    return cast("Field[Any, Any]", _model()._meta.get_field(name))
 
 
 class _Statements(NamedTuple):
@@ -113,6 +125,10 @@ class _Statements(NamedTuple):
     complete: str
     fail: str
     renew: str
+    release_expired: str  # a template: {only} narrows the rows it may pick
+    purge_range: str
+    purge_range_bounded: str | None  # PostgreSQL only
+    purge_range_skip_locked: str | None
 
 
 def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
@@ -121,7 +137,7 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
     def c(name: str) -> str:
         return quote(_field(name).column)
 
-    t = quote(IdempotencyKey._meta.db_table)
+    t = quote(_model()._meta.db_table)
     inserted = [
         "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
         "locked_until", "attempts", "created_at", "expires_at", "replay_count",
@@ -158,6 +174,33 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL "  # noqa: S608
         f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
     )
+    # Releasing a lease whose request died: the row fails, so the next request takes it over
+    # (asking the view's recovery hook), and its lease version goes up, so the lost request
+    # can no longer store a result. Only leased, unfinished rows carry locked_until: the
+    # partial lease index finds them. Several sweepers at once each take their own rows.
+    pick = f"SELECT {c('id')} FROM {t} WHERE {c('locked_until')} <= %s{{only}} "  # noqa: S608
+    pick += f"ORDER BY {c('locked_until')} LIMIT %s"
+    if vendor == "postgresql":
+        pick += " FOR UPDATE SKIP LOCKED"  # another sweeper's batch is its own
+    release_expired = (
+        f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
+        f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({pick})"
+    )
+    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
+    # Python as soon as a project connects a post_delete receiver to this model.
+    in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
+    purge_range = f"DELETE FROM {t} WHERE {in_range}"  # noqa: S608
+    # A row a purge finds locked belongs to a request taking that expired key over, which may
+    # hold it for the whole view: wait a moment (the CTE bounds the wait before any row is
+    # locked), then skip the locked rows of the range, so that no batch holds locks for long.
+    purge_range_bounded = (
+        "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
+        f"{purge_range} AND EXISTS (SELECT FROM bounded)"
+    )
+    purge_range_skip_locked = (
+        f"DELETE FROM {t} WHERE {c('id')} IN (SELECT {c('id')} FROM {t} "  # noqa: S608
+        f"WHERE {in_range} FOR UPDATE SKIP LOCKED)"
+    )
     # Only a live request renews its lease, and only while its row is still its own.
     renew = (
         f"UPDATE {t} SET {c('locked_until')} = %s "  # noqa: S608
@@ -178,7 +221,10 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
     replay_relaxed = f"{replay}, {relax}" if vendor == "postgresql" else replay
     if vendor != "postgresql":
         claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
-        return _Statements(claim, replay, replay_relaxed, None, None, complete, fail, renew)
+        return _Statements(
+            claim, replay, replay_relaxed, None, None, complete, fail, renew,
+            release_expired, purge_range, None, None,
+        )  # fmt: skip
     # One round trip: the CTE sets a transaction-local lock_timeout before the insert can wait
     # on a duplicate's uncommitted row, and RETURNING puts the previous value back once the
     # claim is won, so the view's own queries are not bounded by it. A claim that loses (a
@@ -222,6 +268,10 @@ def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
         complete,
         fail,
         renew,
+        release_expired,
+        purge_range,
+        purge_range_bounded,
+        purge_range_skip_locked,
     )
 
 
@@ -276,7 +326,7 @@ class KeyStore:
         prepared_now = self._prep("expires_at", new.now)
         params = [
             new.scope, new.key, new.method, new.route, new.fingerprint,
-            IdempotencyKey.State.IN_PROGRESS, 1, self._prep("locked_until", new.locked_until), 1,
+            "in_progress", 1, self._prep("locked_until", new.locked_until), 1,
             self._prep("created_at", new.now), self._prep("expires_at", new.expires_at), 0,
             prepared_now, prepared_now,
         ]  # fmt: skip
@@ -286,8 +336,7 @@ class KeyStore:
 
     def _replay_params(self, scope: str, key: str, fingerprint: str, now: datetime) -> list[Any]:
         prepared_now = self._prep("last_replayed_at", now)
-        state = IdempotencyKey.State.SUCCEEDED
-        return [prepared_now, scope, key, state, fingerprint, prepared_now]
+        return [prepared_now, scope, key, "succeeded", fingerprint, prepared_now]
 
     def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
         """Run a claiming statement; ``KeyBusy`` if its wait on a duplicate timed out."""
@@ -295,7 +344,7 @@ class KeyStore:
             try:
                 cursor.execute(sql, params)
             except OperationalError as exc:
-                if _is_lock_timeout(exc):
+                if is_lock_timeout(exc):
                     raise KeyBusy from exc
                 raise
             return cast("tuple[Any, ...] | None", cursor.fetchone())
@@ -315,7 +364,8 @@ class KeyStore:
         if row is not None:
             return _stored(row[:5])
         stored_fingerprint = (
-            IdempotencyKey.objects.using(self.using)
+            _model()
+            .objects.using(self.using)
             .filter(scope=scope, key=key)
             .values_list("fingerprint", flat=True)
             .first()
@@ -333,7 +383,7 @@ class KeyStore:
     ) -> bool:
         """Store the response on the claimed row. ``False`` if another request took it over."""
         params = [
-            IdempotencyKey.State.SUCCEEDED,
+            "succeeded",
             status,
             self._prep("response_headers", headers),
             self._prep("response_body", body),
@@ -357,3 +407,40 @@ class KeyStore:
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.renew, [until, claim.id, claim.lease_version])
             return bool(cursor.rowcount == 1)
+
+    def release_expired(
+        self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
+    ) -> int:
+        """Release up to ``limit`` leases that ran out by ``now`` (of ``ids``, if given).
+
+        What the sweeper and the admin's release action do; each call commits on its own.
+        Return how many were released.
+        """
+        only, params = "", [self._prep("locked_until", now)]
+        if ids is not None:
+            column = self.connection.ops.quote_name(_field("id").column)
+            only = f" AND {column} IN ({', '.join(['%s'] * len(ids)) or 'NULL'})"
+            params += ids
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(self.sql.release_expired.format(only=only), [*params, limit])
+            return int(cursor.rowcount)
+
+    def purge_range(self, low: int, high: int, now: datetime) -> int:
+        """Delete the expired rows with ``low <= id < high``, in a transaction of their own."""
+        params = [low, high, self._prep("expires_at", now)]
+        if self.sql.purge_range_bounded is None:
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(self.sql.purge_range, params)
+                return int(cursor.rowcount)
+        # A plain range delete is the fastest; only a locked row makes it wait.
+        try:
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(self.sql.purge_range_bounded, [PURGE_LOCK_TIMEOUT, *params])
+                return int(cursor.rowcount)
+        except OperationalError as exc:
+            if not is_lock_timeout(exc):
+                raise
+        assert self.sql.purge_range_skip_locked is not None  # noqa: S101 - PostgreSQL's
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(self.sql.purge_range_skip_locked, params)
+            return int(cursor.rowcount)

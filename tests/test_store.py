@@ -328,3 +328,30 @@ def test_the_503_promises_nothing_when_the_view_ran_unprotected(alice):
     assert lost.status_code == 503
     assert "nothing was kept" not in json.loads(lost.content)["detail"]
     close_old_connections()
+
+
+class _DriverError(Exception):
+    def __init__(self, **codes):
+        super().__init__("canceling statement due to lock timeout")
+        self.__dict__.update(codes)
+
+
+@pytest.mark.parametrize(
+    ("cause", "expected"),
+    [
+        (_DriverError(sqlstate="55P03"), True),  # psycopg 3
+        (_DriverError(pgcode="55P03"), True),  # psycopg2
+        (_DriverError(sqlstate="40P01"), False),  # a deadlock is not a lock timeout
+        (_DriverError(), False),  # SQLite's "database is locked"
+    ],
+)
+def test_a_lock_timeout_is_recognised_from_either_postgresql_driver(cause, expected):
+    # The claim and the purge share this detector: with psycopg2 the purge used to re-raise
+    # instead of skipping the locked rows.
+    from django.db import OperationalError  # noqa: PLC0415
+
+    from django_idempotency.store import is_lock_timeout  # noqa: PLC0415
+
+    error = OperationalError(str(cause))
+    error.__cause__ = cause
+    assert is_lock_timeout(error) is expected
