@@ -242,6 +242,14 @@ def test_a_failing_handler_answers_202_and_the_event_stays_recorded_for_its_retr
     assert deliver(event.payload).json() == {"status": "duplicate"}
 
 
+@override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 1})
+def test_a_handler_that_fails_its_last_attempt_answers_202_dead():
+    response = deliver(refund_event(fail="always"))
+
+    assert (response.status_code, response.json()) == (202, {"status": "dead"})
+    assert InboxEvent.objects.get().status == "dead"
+
+
 def test_the_event_is_recorded_under_atomic_requests_even_when_its_handler_fails(monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
 
