@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
@@ -108,21 +109,73 @@ def check_cache(
     alias = user.get("CACHE") if isinstance(user, dict) else None
     if not isinstance(alias, str) or alias not in settings.CACHES:
         return []
+    config = settings.CACHES[alias]
+    options = config.get("OPTIONS", {})
+    messages: list[CheckMessage] = []
     # django-redis can return "no entry" on every error: the replay cache stays correct (the
     # database answers), but an outage never reaches the logs.
-    options = settings.CACHES[alias].get("OPTIONS", {})
     if options.get("IGNORE_EXCEPTIONS") or getattr(
         settings, "DJANGO_REDIS_IGNORE_EXCEPTIONS", False
     ):
-        return [
+        messages.append(
             Warning(
                 f"The replay cache {alias!r} ignores its errors: an outage would go unnoticed.",
                 hint="Drop IGNORE_EXCEPTIONS for this cache; django_idempotency already falls "
                 "back to the database and logs each cache error.",
                 id="django_idempotency.W003",
             )
-        ]
-    return []
+        )
+    if missing := _missing_redis_timeouts(config):
+        messages.append(
+            Warning(
+                f"The replay cache {alias!r} has no {' and no '.join(missing)}: a Redis that "
+                "stops answering would hold each request until the client gives up.",
+                hint="Set the socket and connect timeouts in the cache's OPTIONS, for example "
+                "0.5 seconds each (see the CACHE setting in the settings reference).",
+                id="django_idempotency.W004",
+            )
+        )
+    return messages
+
+
+def _missing_redis_timeouts(config: dict[str, Any]) -> list[str]:
+    """Which of a Redis cache's socket and connect timeouts are not set; [] for other caches."""
+    kwargs = _redis_connection_kwargs(config)
+    if kwargs is None:
+        return []
+    socket = kwargs.get("socket_timeout") is not None
+    # redis-py connects with the socket timeout when it is given no connect timeout.
+    connect = socket or kwargs.get("socket_connect_timeout") is not None
+    return [
+        label
+        for label, present in (("socket timeout", socket), ("connect timeout", connect))
+        if not present
+    ]
+
+
+def _redis_connection_kwargs(config: dict[str, Any]) -> dict[str, Any] | None:
+    """What a Redis cache backend passes to redis-py's connections; None for other caches."""
+    options = config.get("OPTIONS", {})
+    if config.get("BACKEND") == "django.core.cache.backends.redis.RedisCache":
+        kwargs = dict(options)
+    elif config.get("BACKEND") == "django_redis.cache.RedisCache":
+        # django-redis has names of its own, and passes CONNECTION_POOL_KWARGS on as they are.
+        kwargs = {
+            "socket_timeout": options.get("SOCKET_TIMEOUT"),
+            "socket_connect_timeout": options.get("SOCKET_CONNECT_TIMEOUT"),
+            **options.get("CONNECTION_POOL_KWARGS", {}),
+        }
+    else:
+        return None
+    locations = config.get("LOCATION", "")
+    if isinstance(locations, str):
+        locations = locations.split(",")
+    queries = [parse_qs(urlsplit(location).query) for location in locations if location]
+    for name in ("socket_timeout", "socket_connect_timeout"):
+        # redis-py also reads it from the query string of a redis:// URL.
+        if kwargs.get(name) is None and queries and all(name in query for query in queries):
+            kwargs[name] = queries[0][name][0]
+    return kwargs
 
 
 # A lease is renewed every third of its length: under this, one slow renewal round trip (a

@@ -62,10 +62,9 @@ EVENT_CONFLICT = Problem(
     "inbox.event_conflict", 409, "An event with this id was received with a different payload"
 )
 METHOD_NOT_ALLOWED = Problem("inbox.method_not_allowed", 405, "Webhooks are delivered by POST")
-PROCESSING_FAILED = Problem(
-    "inbox.processing_failed", 500, "The event was recorded, but processing it failed"
-)
 
+# Codes are stable: never reuse one. Retired: inbox.processing_failed (a recorded event whose
+# processing fails answers 202 since the retries are the inbox's).
 ALL = (
     KEY_MISSING,
     KEY_INVALID,
@@ -84,7 +83,6 @@ ALL = (
     PAYLOAD_INVALID,
     EVENT_CONFLICT,
     METHOD_NOT_ALLOWED,
-    PROCESSING_FAILED,
 )
 BY_CODE = {problem.code: problem for problem in ALL}
 

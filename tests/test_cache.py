@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,6 +19,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_idempotency import cache as replay_cache_module
 from django_idempotency.engine import default_engine
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient
@@ -109,3 +118,185 @@ def test_concurrent_duplicates_with_a_cache_flushed_meanwhile_make_one_payment(
     assert Payment.objects.count() == 1
     assert all(response.status_code in (201, 409) for response in responses)
     assert len({r.content for r in responses if r.status_code == 201}) == 1
+
+
+# The timeouts the documented configuration sets, short here to keep the test short.
+TIMEOUT = 1.0
+
+
+@pytest.fixture
+def own_redis():
+    """A redis-server of this test's own, on a free loopback port, that the test may freeze."""
+    if (executable := shutil.which("redis-server")) is None:
+        pytest.skip("needs redis-server")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            executable,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as ping:
+                ping.sendall(b"PING\r\n")
+                if ping.recv(16).startswith(b"+PONG"):
+                    break
+        except OSError:
+            if time.monotonic() > deadline:
+                server.kill()
+                raise
+            time.sleep(0.05)
+    caches_setting = {
+        **CACHES,
+        "own": {
+            **REDIS,
+            "LOCATION": f"redis://127.0.0.1:{port}/0",
+            "OPTIONS": {"socket_timeout": TIMEOUT, "socket_connect_timeout": TIMEOUT},
+        },
+    }
+    try:
+        with override_settings(CACHES=caches_setting, IDEMPOTENCY={"CACHE": "own"}):
+            yield server
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.kill()
+        server.wait()
+
+
+def timed(send):
+    started = time.monotonic()
+    response = send()
+    return response, time.monotonic() - started
+
+
+def bypass_records(caplog):
+    return [r for r in caplog.records if "bypassing it" in r.getMessage()]
+
+
+def test_a_frozen_cache_is_bypassed_after_a_few_timeouts_and_answers_stay_right(
+    client_alice, own_redis, caplog
+):
+    caplog.set_level(logging.INFO, logger="django_idempotency")
+    stored = {}
+    for _ in range(4):
+        key = str(uuid.uuid4())
+        stored[key] = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    with CaptureQueriesContext(connection) as captured:
+        warm = [client_alice.send("POST", "/payments/", {"amount": 5}, key=k) for k in stored]
+    assert key_table_queries(captured) == []  # the replays came from the cache
+    assert all(r["Idempotency-Status"] == "replayed" for r in warm)
+
+    os.kill(own_redis.pid, signal.SIGSTOP)  # Redis stops answering, its socket stays open
+    answers = []
+    for _ in range(3):
+        for key, first in stored.items():
+            response, took = timed(
+                lambda key=key: client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+            )
+            assert response.status_code == 201
+            assert response["Idempotency-Status"] == "replayed"
+            assert response.content == first.content
+            answers.append(took)
+        fresh = str(uuid.uuid4())
+        for expected in ("stored", "replayed"):
+            response, took = timed(
+                lambda fresh=fresh: client_alice.send(
+                    "POST", "/payments/", {"amount": 5}, key=fresh
+                )
+            )
+            assert response["Idempotency-Status"] == expected
+            answers.append(took)
+
+    # One effect per key, whatever the cache did.
+    assert Payment.objects.count() == len(stored) + 3
+    # Three failures in a row trip the breaker: the first replay's read and refill, then the
+    # second's read. Each waited for the socket timeout, no longer.
+    tripping, after = answers[:2], answers[2:]
+    assert TIMEOUT * 0.9 <= tripping[0] <= 2 * TIMEOUT + 1.5
+    assert TIMEOUT * 0.9 <= tripping[1] <= TIMEOUT + 1.5
+    # Then no request pays the timeout any more.
+    assert max(after) < TIMEOUT / 2, after
+    assert len(bypass_records(caplog)) == 1
+    assert bypass_records(caplog)[0].levelno == logging.WARNING
+
+
+def test_the_bypass_ends_once_the_cache_answers_again(client_alice, own_redis, caplog, key):
+    caplog.set_level(logging.INFO, logger="django_idempotency")
+    first = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    os.kill(own_redis.pid, signal.SIGSTOP)
+    for _ in range(2):
+        client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert len(bypass_records(caplog)) == 1
+
+    os.kill(own_redis.pid, signal.SIGCONT)
+    # Still bypassed during the cool-down: the database answers.
+    with CaptureQueriesContext(connection) as captured:
+        client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert key_table_queries(captured) != []
+
+    breaker = replay_cache_module.breaker_for("own")
+    later = time.monotonic() + breaker.cool_down + 1
+    breaker.clock = lambda: later
+    # The first call after the cool-down tries the cache, finds it answering, and closes the
+    # breaker: this replay refills the cache, and the next is served from it.
+    client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    with CaptureQueriesContext(connection) as captured:
+        again = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert key_table_queries(captured) == []
+    assert again.content == first.content
+    assert "replay cache 'own' answers again" in caplog.text
+    assert Payment.objects.count() == 1
+
+
+@pytest.mark.postgresql
+def test_concurrent_requests_trip_the_breaker_once_and_stop_paying_the_timeout(
+    alice, own_redis, caplog
+):
+    import threading  # noqa: PLC0415
+
+    from tests.test_store import in_threads  # noqa: PLC0415
+
+    caplog.set_level(logging.INFO, logger="django_idempotency")
+    workers = 8
+    stored, frozen = threading.Barrier(workers + 1), threading.Barrier(workers + 1)
+
+    def work(index):
+        if index == workers:  # freezes Redis once every worker has stored its payment
+            stored.wait()
+            os.kill(own_redis.pid, signal.SIGSTOP)
+            frozen.wait()
+            return None
+        client, key = ApiClient(alice), str(uuid.uuid4())
+        first = client.send("POST", "/payments/", {"amount": 7}, key=key)
+        stored.wait()
+        frozen.wait()
+        answers = [
+            timed(lambda: client.send("POST", "/payments/", {"amount": 7}, key=key))
+            for _ in range(5)
+        ]
+        assert all(r.content == first.content for r, _ in answers)
+        assert all(r["Idempotency-Status"] == "replayed" for r, _ in answers)
+        return [took for _, took in answers]
+
+    durations = in_threads(workers + 1, work)[:workers]
+
+    assert Payment.objects.count() == workers
+    # Each worker's first replay may have met the frozen cache (its read, and its refill if the
+    # breaker had not tripped yet); none after that.
+    assert all(took[0] <= 2 * TIMEOUT + 1.5 for took in durations), durations
+    assert all(max(took[1:]) < TIMEOUT / 2 for took in durations), durations
+    assert len(bypass_records(caplog)) == 1

@@ -151,3 +151,71 @@ def test_a_lease_too_short_to_survive_a_slow_renewal_is_warned_about(lease, expe
     with override_settings(IDEMPOTENCY={"LEASE_TIMEOUT": lease}):
         assert ids(check_lease()) == expected
     assert check_lease() == []
+
+
+DJANGO_REDIS = "django.core.cache.backends.redis.RedisCache"
+THIRD_PARTY_REDIS = "django_redis.cache.RedisCache"
+
+
+@pytest.mark.parametrize(
+    ("replay", "warned"),
+    [
+        # The documented configuration: both timeouts.
+        (
+            {
+                "BACKEND": DJANGO_REDIS,
+                "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+            },
+            False,
+        ),
+        # redis-py connects with the socket timeout when it has no connect timeout of its own.
+        ({"BACKEND": DJANGO_REDIS, "OPTIONS": {"socket_timeout": 0.5}}, False),
+        ({"BACKEND": DJANGO_REDIS, "LOCATION": "redis://r:6379/2?socket_timeout=0.5"}, False),
+        ({"BACKEND": DJANGO_REDIS}, True),
+        ({"BACKEND": DJANGO_REDIS, "OPTIONS": {"socket_connect_timeout": 0.5}}, True),
+        ({"BACKEND": DJANGO_REDIS, "OPTIONS": {"socket_timeout": None}}, True),
+        ({"BACKEND": DJANGO_REDIS, "OPTIONS": {"SOCKET_TIMEOUT": 0.5}}, True),
+        # django-redis: its own option names, or the connection pool's.
+        (
+            {
+                "BACKEND": THIRD_PARTY_REDIS,
+                "OPTIONS": {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5},
+            },
+            False,
+        ),
+        (
+            {
+                "BACKEND": THIRD_PARTY_REDIS,
+                "OPTIONS": {"CONNECTION_POOL_KWARGS": {"socket_timeout": 0.5}},
+            },
+            False,
+        ),
+        ({"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5}}, True),
+        ({"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"socket_timeout": 0.5}}, True),
+        ({"BACKEND": THIRD_PARTY_REDIS}, True),
+        # Not a Redis client: nothing to say.
+        ({"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}, False),
+    ],
+)
+def test_a_redis_replay_cache_without_timeouts_is_warned_about(replay, warned):
+    from django_idempotency.checks import check_cache  # noqa: PLC0415
+
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replay": {"LOCATION": "redis://127.0.0.1:6379/2", **replay},
+    }
+    with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "replay"}):
+        assert ids(check_cache()) == (["django_idempotency.W004"] if warned else [])
+    with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "default"}):
+        assert check_cache() == []
+
+
+def test_a_replay_cache_may_be_warned_about_twice():
+    from django_idempotency.checks import check_cache  # noqa: PLC0415
+
+    caches = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replay": {"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"IGNORE_EXCEPTIONS": True}},
+    }
+    with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "replay"}):
+        assert ids(check_cache()) == ["django_idempotency.W003", "django_idempotency.W004"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection
 from django.test import Client, override_settings
+from django.utils import timezone
 
 from django_idempotency import signals, tasks
 from django_idempotency.inbox import (
@@ -225,11 +227,11 @@ def test_no_csrf_token_is_needed():
     assert response.status_code == 200
 
 
-def test_a_failing_handler_answers_500_and_the_event_stays_recorded_for_its_retry():
+def test_a_failing_handler_answers_202_and_the_event_stays_recorded_for_its_retry():
     response = deliver(refund_event(fail="always"))
 
-    assert response.status_code == 500
-    assert problem(response)["code"] == "inbox.processing_failed"
+    assert response.status_code == 202
+    assert response.json() == {"status": "failed"}
     event = InboxEvent.objects.get()
     assert event.status == "failed"
     assert event.attempts == 1
@@ -240,12 +242,20 @@ def test_a_failing_handler_answers_500_and_the_event_stays_recorded_for_its_retr
     assert deliver(event.payload).json() == {"status": "duplicate"}
 
 
+@override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 1})
+def test_a_handler_that_fails_its_last_attempt_answers_202_dead():
+    response = deliver(refund_event(fail="always"))
+
+    assert (response.status_code, response.json()) == (202, {"status": "dead"})
+    assert InboxEvent.objects.get().status == "dead"
+
+
 def test_the_event_is_recorded_under_atomic_requests_even_when_its_handler_fails(monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
 
     response = deliver(refund_event(fail="always"))
 
-    assert response.status_code == 500
+    assert response.status_code == 202
     assert InboxEvent.objects.get().status == "failed"
 
 
@@ -317,8 +327,7 @@ def test_a_database_failure_while_processing_inline_keeps_the_event_for_the_peri
     monkeypatch.setattr(inbox_processing, "process", down)
     response = deliver(refund_event())
 
-    assert response.status_code == 500
-    assert problem(response)["code"] == "inbox.processing_failed"
+    assert (response.status_code, response.json()) == (202, {"status": "failed"})
     assert InboxEvent.objects.get().status == "received"
 
 
@@ -373,3 +382,28 @@ def test_an_event_id_or_type_no_column_can_hold_is_refused_with_400(body):
     assert response.status_code == 400
     assert problem(response)["code"] == "inbox.payload_invalid"
     assert not InboxEvent.objects.exists()
+
+
+def test_a_recorded_event_whose_processing_loses_the_database_answers_202():
+    payload = refund_event(lose_database=True)
+
+    response = deliver(payload)
+
+    # Recorded: the rest is the inbox's job. A 5xx would only make the sender deliver a
+    # duplicate again, and disable the endpoint after a few.
+    assert response.status_code == 202
+    assert response.json() == {"status": "failed"}
+    event = InboxEvent.objects.get()
+    assert event.attempts == 1
+    assert event.processed_at is None
+    assert event.next_attempt_at is not None
+    assert not Refund.objects.exists()
+    redelivery = deliver(payload)
+    assert (redelivery.status_code, redelivery.json()) == (200, {"status": "duplicate"})
+
+    later = timezone.now() + timedelta(hours=1)
+    assert inbox_processing.dispatch_due(now=later) == 1
+    assert inbox_processing.dispatch_due(now=later) == 0
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("processed", 2)
+    assert list(Refund.objects.values_list("event_id", flat=True)) == [payload["id"]]

@@ -131,13 +131,12 @@ class WebhookReceiverView(View):
             return problems.problem_response(
                 problems.EVENT_CONFLICT, "The event id was recorded with another payload first."
             )
-        if receipt.outcome in (Outcome.FAILED, Outcome.DEAD):
-            return problems.problem_response(
-                problems.PROCESSING_FAILED,
-                "The event is recorded and will be retried; it need not be delivered again.",
-            )
         status = "duplicate" if not receipt.created else (receipt.outcome or "queued")
-        return JsonResponse({"status": status})
+        # Recorded, then the attempt in this request failed (the handler raised, or the
+        # database went away): from here the retries are the inbox's. A 5xx would only bring
+        # a duplicate delivery, and senders disable an endpoint that keeps answering 5xx.
+        failed = receipt.outcome in (Outcome.FAILED, Outcome.DEAD)
+        return JsonResponse({"status": status}, status=202 if failed else 200)
 
     def _read(self, request: HttpRequest) -> tuple[Any, str | None, str]:
         """Return the verified payload, event id and type; raise ``_Refusal`` if there are none."""

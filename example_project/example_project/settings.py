@@ -143,6 +143,19 @@ IDEMPOTENCY = {
     "OUTBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
 }
 
+# With REDIS_URL set (redis://host:port/db), replays are served from Redis before the database.
+if redis_url := os.environ.get("REDIS_URL"):
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "idempotency": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_url,
+            # Seconds: without them, a Redis that stops answering holds every request.
+            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        },
+    }
+    IDEMPOTENCY["CACHE"] = "idempotency"
+
 # Where the outbox sends our payment events (here: back to this project's own inbox, as to another
 # service), and the secrets they are signed with.
 PAYMENT_EVENTS_URL = os.environ.get(

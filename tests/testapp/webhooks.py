@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.db import OperationalError, connection
 
 from django_idempotency.inbox import (
     ANY_TYPE,
@@ -53,6 +54,8 @@ class GitHubWebhook(WebhookReceiverView):
 def refund_succeeded(event):
     """Record a refund; the payload can ask it to fail, always or for the first attempts."""
     data = event.payload["data"]
+    if data.get("lose_database") and event.attempts == 1:
+        lose_database()
     if data.get("fail") == "always" or event.attempts <= data.get("fail_times", 0):
         msg = f"the ledger is unavailable (attempt {event.attempts})"
         raise RuntimeError(msg)
@@ -66,3 +69,12 @@ def refund_succeeded(event):
 @inbox_handler("github", ANY_TYPE)
 def acknowledge(event):
     """Take any event of these senders and do nothing with it."""
+
+
+def lose_database():
+    """Lose the database under the handler: the server ends the session, as a failover would."""
+    if connection.vendor != "postgresql":
+        msg = "server closed the connection unexpectedly"
+        raise OperationalError(msg)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
