@@ -1,4 +1,5 @@
-"""The Django admin: idempotency keys and inbox events. Look, never edit; act through actions."""
+"""The Django admin: idempotency keys, inbox events, outbox messages. Look, never edit; act through
+actions, each of which is logged in the admin's history."""
 
 from __future__ import annotations
 
@@ -36,12 +37,10 @@ if TYPE_CHECKING:
     from django.utils.functional import _StrPromise
 
 if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin[IdempotencyKey]
-    _InboxModelAdmin = admin.ModelAdmin[InboxEvent]
-    _OutboxModelAdmin = admin.ModelAdmin[OutboxMessage]
+    _ModelAdmin = admin.ModelAdmin[Any]
 else:
     # Not subscriptable at run time.
-    _ModelAdmin = _InboxModelAdmin = _OutboxModelAdmin = admin.ModelAdmin
+    _ModelAdmin = admin.ModelAdmin
 
 # Larger stored bodies are summarised rather than shown.
 SHOWN_BODY_BYTES = 64 * 1024
@@ -114,8 +113,85 @@ class CappedPaginator(Paginator):  # type: ignore[type-arg]
         return int(self.object_list[: self.CAP].count())  # type: ignore[attr-defined]
 
 
+class _ReadOnlyAdmin(_ModelAdmin):
+    """What the three pages share: large tables, read-only rows, exact search, logged actions."""
+
+    paginator = CappedPaginator
+    ordering = ["-id"]
+    # A count of a large, busy table is a full scan; the pager does without it.
+    show_full_result_count = False
+    list_per_page = 50
+    # The one field the search box matches exactly: only an exact match can use its index
+    # (the default search would scan every row).
+    exact_search_field = "id"
+    # What the actions' messages call the rows: "Retried 1 of the 3 selected events."
+    rows_name: str | _StrPromise = _("rows")
+
+    def search_value(self, term: str) -> Any:
+        """The value of ``exact_search_field`` that ``term`` names; ``None`` matches nothing."""
+        return term
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        value = self.search_value(term)
+        if value is None:
+            return queryset.none(), False
+        return queryset.filter(**{self.exact_search_field: value}), False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # What a client was told, what arrived, what left: evidence, so nothing is editable.
+        return [
+            str(field) for _name, options in self.fieldsets or [] for field in options["fields"]
+        ]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the view permission still shows every page
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("payload"))
+    def pretty_payload(self, obj: Any) -> str:
+        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
+
+    @admin.display(description=_("headers"))
+    def kept_headers(self, obj: Any) -> str:
+        return _header_table(obj.headers)
+
+    def _act(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Any],
+        action: Callable[[QuerySet[Any]], list[int]],
+        done: str | _StrPromise,
+    ) -> None:
+        """Run ``action`` on the selected rows, log each row it changed, and say how many."""
+        selected = {row.pk: row for row in queryset}
+        acted_on = action(self.model.objects.filter(pk__in=selected))
+        for pk in acted_on:
+            self.log_change(request, selected[pk], done)
+        self.message_user(
+            request,
+            _("%(done)s %(count)d of the %(selected)d selected %(rows)s.")
+            % {
+                "done": done,
+                "count": len(acted_on),
+                "selected": len(selected),
+                "rows": self.rows_name,
+            },
+            messages.SUCCESS,
+        )
+
+
 @admin.register(IdempotencyKey)
-class IdempotencyKeyAdmin(_ModelAdmin):
+class IdempotencyKeyAdmin(_ReadOnlyAdmin):
     # The scope names the principal as well as the method and route: one key may serve several.
     list_display = [
         "key",
@@ -136,13 +212,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         MethodFilter,
         ("expires_at", admin.DateFieldListFilter),
     ]
-    paginator = CappedPaginator
     search_fields = ["key"]
+    # Case-sensitive: a key is an opaque token.
+    exact_search_field = "key"
     search_help_text = _("The exact Idempotency-Key.")
-    ordering = ["-id"]
-    # A count of a large, busy table is a full scan; the pager does without it.
-    show_full_result_count = False
-    list_per_page = 50
     actions = ["release_expired_leases", "delete_expired"]
     fieldsets = [
         (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
@@ -203,28 +276,10 @@ class IdempotencyKeyAdmin(_ModelAdmin):
         self.message_user(request, message, messages.SUCCESS)
         return redirect("admin:django_idempotency_idempotencykey_changelist")
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey], search_term: str
-    ) -> tuple[QuerySet[IdempotencyKey], bool]:
-        # The exact, case-sensitive key: a key is an opaque token, and only an exact match can
-        # use the unique index (the default search would scan every row).
-        term = search_term.strip()
-        return (queryset.filter(key=term) if term else queryset), False
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # A stored response is evidence of what a client was told: nothing here is editable.
-        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # view permission still shows every page
-
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         # Deleting a live key would let the next retry run its effect again.
         expired = obj is None or obj.expires_at <= timezone.now()
-        return expired and super().has_delete_permission(request, obj)
+        return expired and _ModelAdmin.has_delete_permission(self, request, obj)
 
     def get_actions(self, request: HttpRequest) -> dict[str, Any]:
         actions = super().get_actions(request)
@@ -291,7 +346,7 @@ class IdempotencyKeyAdmin(_ModelAdmin):
 
 
 @admin.register(InboxEvent)
-class InboxEventAdmin(_InboxModelAdmin):
+class InboxEventAdmin(_ReadOnlyAdmin):
     list_display = [
         "event_id",
         "source",
@@ -303,12 +358,10 @@ class InboxEventAdmin(_InboxModelAdmin):
         "processed_at",
     ]
     list_filter = ["status", "source", "event_type"]
-    paginator = CappedPaginator
     search_fields = ["event_id"]
+    exact_search_field = "event_id"  # the (source, event id) index serves it
+    rows_name = _("events")
     search_help_text = _("The exact event id the sender gave.")
-    ordering = ["-id"]
-    show_full_result_count = False
-    list_per_page = 50
     actions = ["reprocess", "retry_now", "mark_dead"]
     fieldsets = [
         (None, {"fields": ["source", "event_id", "event_type", "status", "payload_hash"]}),
@@ -328,34 +381,7 @@ class InboxEventAdmin(_InboxModelAdmin):
         ),
     ]
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[InboxEvent], search_term: str
-    ) -> tuple[QuerySet[InboxEvent], bool]:
-        # Exact, as for keys: the (source, event id) index serves it only then.
-        term = search_term.strip()
-        return (queryset.filter(event_id=term) if term else queryset), False
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        # What arrived is evidence: nothing here is editable; actions change the status.
-        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # A deleted event would be processed again when its sender redelivers it.
-        return False
-
-    @admin.display(description=_("payload"))
-    def pretty_payload(self, obj: InboxEvent) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
-
-    @admin.display(description=_("headers"))
-    def kept_headers(self, obj: InboxEvent) -> str:
-        return _header_table(obj.headers)
+    # A deleted event would be processed again when its sender redelivers it: no deleting.
 
     @admin.display(description=_("last traceback"))
     def traceback(self, obj: InboxEvent) -> str:
@@ -384,27 +410,9 @@ class InboxEventAdmin(_InboxModelAdmin):
     def mark_dead(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
         self._act(request, queryset, inbox.mark_dead, _("Marked dead"))
 
-    def _act(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[InboxEvent],
-        action: Callable[[QuerySet[InboxEvent]], list[int]],
-        message: str | _StrPromise,
-    ) -> None:
-        selected = {event.pk: event for event in queryset}
-        acted_on = action(InboxEvent.objects.filter(pk__in=selected))
-        for pk in acted_on:
-            self.log_change(request, selected[pk], message)
-        self.message_user(
-            request,
-            _("%(message)s %(count)d of the %(selected)d selected events.")
-            % {"message": message, "count": len(acted_on), "selected": len(selected)},
-            messages.SUCCESS,
-        )
-
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(_OutboxModelAdmin):
+class OutboxMessageAdmin(_ReadOnlyAdmin):
     list_display = [
         "message_id",
         "topic",
@@ -416,12 +424,10 @@ class OutboxMessageAdmin(_OutboxModelAdmin):
         "dispatched_at",
     ]
     list_filter = ["status", "topic"]
-    paginator = CappedPaginator
     search_fields = ["message_id"]
+    exact_search_field = "message_id"
+    rows_name = _("messages")
     search_help_text = _("The exact message id.")
-    ordering = ["-id"]
-    show_full_result_count = False
-    list_per_page = 50
     actions = ["redeliver"]
     fieldsets = [
         (None, {"fields": ["message_id", "topic", "ordering_key", "status"]}),
@@ -440,36 +446,14 @@ class OutboxMessageAdmin(_OutboxModelAdmin):
         ),
     ]
 
-    def get_search_results(
-        self, request: HttpRequest, queryset: QuerySet[OutboxMessage], search_term: str
-    ) -> tuple[QuerySet[OutboxMessage], bool]:
-        # Exact, through the unique index; a malformed id matches nothing.
+    def search_value(self, term: str) -> uuid.UUID | None:
         try:
-            message_id = uuid.UUID(search_term.strip())
+            return uuid.UUID(term)
         except ValueError:
-            return (queryset.none() if search_term.strip() else queryset), False
-        return queryset.filter(message_id=message_id), False
+            return None  # a malformed id matches nothing
 
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [str(field) for _name, options in self.fieldsets for field in options["fields"]]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # A message deleted before it was sent is lost; the purge deletes the dispatched ones.
-        return False
-
-    @admin.display(description=_("payload"))
-    def pretty_payload(self, obj: OutboxMessage) -> str:
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
-
-    @admin.display(description=_("headers"))
-    def kept_headers(self, obj: OutboxMessage) -> str:
-        return _header_table(obj.headers)
+    # A message deleted before it was sent is lost; the purge deletes the dispatched ones, so
+    # the page deletes nothing.
 
     def has_redeliver_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm("django_idempotency.change_outboxmessage"))
@@ -479,13 +463,4 @@ class OutboxMessageAdmin(_OutboxModelAdmin):
         permissions=["redeliver"],
     )
     def redeliver(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
-        selected = {message.pk: message for message in queryset}
-        redelivered = redeliver(OutboxMessage.objects.filter(pk__in=selected))
-        for pk in redelivered:
-            self.log_change(request, selected[pk], _("Redelivered"))
-        self.message_user(
-            request,
-            _("Redelivered %(count)d of the %(selected)d selected messages.")
-            % {"count": len(redelivered), "selected": len(selected)},
-            messages.SUCCESS,
-        )
+        self._act(request, queryset, redeliver, _("Redelivered"))
