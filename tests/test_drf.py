@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import pytest
@@ -9,7 +10,7 @@ from django.core.cache import cache
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, basic_auth
 from tests.testapp.models import LedgerEntry, Payment
 
 pytestmark = pytest.mark.django_db
@@ -172,6 +173,48 @@ class TestKeyHeader:
         quoted = client_alice.send("POST", "/payments/", {"amount": 1}, key=f'"{key}"')
         assert quoted["Idempotency-Status"] == "replayed"
         assert IdempotencyKey.objects.get().key == key
+
+    @pytest.mark.parametrize("joined", ["{k},{k}", "{k},other", '"{k}", "{k}"', '"{k}",{k}'])
+    def test_a_list_of_keys_is_400_not_a_new_key(self, client_alice, key, joined):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=joined.format(k=key))
+        assert response.status_code == 400
+        body = problem(response)
+        assert body["code"] == "idempotency.key_invalid"
+        assert "more than one key" in body["detail"]
+        assert effects() == (1, 1, 1)
+
+    def test_a_quoted_key_may_contain_a_comma(self, client_alice, key):
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=f'"{key},2"')
+        assert response.status_code == 201
+        assert IdempotencyKey.objects.get().key == f"{key},2"
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_header_sent_twice_over_http_is_refused(self, alice, key, live_server):
+        def post(*keys):
+            connection = http.client.HTTPConnection(
+                live_server.thread.host, live_server.thread.port
+            )
+            body = json.dumps({"amount": 1}).encode()
+            connection.putrequest("POST", "/payments/")
+            connection.putheader("Authorization", basic_auth(alice))
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", str(len(body)))
+            for each in keys:
+                connection.putheader("Idempotency-Key", each)
+            connection.endheaders(body)
+            response = connection.getresponse()
+            answer = response.status, json.loads(response.read())
+            connection.close()
+            return answer
+
+        assert post(key)[0] == 201
+        # The server joins the two lines into "key,key": that is not a new key.
+        status, body = post(key, key)
+        assert (status, body["code"]) == (400, "idempotency.key_invalid")
+        status, body = post(key, "another")
+        assert (status, body["code"]) == (400, "idempotency.key_invalid")
+        assert effects() == (1, 1, 1)
 
     @override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key"})
     def test_the_header_name_is_a_setting(self, client_alice, key):
