@@ -420,10 +420,9 @@ class Engine:
             return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
         try:
             fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
-        except UnreadableBody:
-            # Nothing of the request itself in the detail: not even the boundary it sent.
-            detail = "The multipart body is malformed, so the request cannot be compared."
-            response = problems.problem_response(problems.BODY_INVALID, detail)
+        except UnreadableBody as exc:
+            # Refused before anything is claimed: the key stays free for a readable retry.
+            response = problems.problem_response(problems.BODY_INVALID, str(exc))
             return _Decision(Outcome.INVALID, response, key, route=route)
         return _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
 

@@ -8,7 +8,12 @@ import json
 import pytest
 from django.core.cache import cache
 from django.test import override_settings
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
+from rest_framework.views import APIView
 
+from django_idempotency.bodies import MAX_JSON_DEPTH
+from django_idempotency.drf import JSONParser
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient, basic_auth
 from tests.testapp.models import LedgerEntry, Payment
@@ -486,3 +491,50 @@ def test_a_malformed_multipart_body_with_a_key_is_a_400_not_a_500(
     assert "ü" not in body["detail"]  # nothing of the request is echoed
     assert not IdempotencyKey.objects.exists()
     assert not Payment.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 5000])
+def test_a_json_body_nested_too_deeply_with_a_key_is_a_400_not_a_500(
+    client_alice, key, path, depth
+):
+    body = b'{"amount": ' + b"[" * depth + b"]" * depth + b"}"
+    response = client_alice.send("POST", path, body, key=key)
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["code"] == "idempotency.body_invalid"
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in body["detail"]
+    assert effects() == (0, 0, 0)
+
+
+class TestJSONParser:
+    """The JSON parser the library ships for DRF: a depth limit, so deep JSON is a 400 too
+    without a key."""
+
+    class Echo(APIView):
+        authentication_classes = ()
+        permission_classes = ()
+        parser_classes = (JSONParser,)
+
+        def post(self, request):
+            return Response({"data": request.data})
+
+    def post(self, body: bytes):
+        request = APIRequestFactory().post("/", body, content_type="application/json")
+        return self.Echo.as_view()(request)
+
+    @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 5000])
+    def test_json_nested_too_deeply_is_a_parse_error(self, depth):
+        response = self.post(b"[" * depth + b"]" * depth)
+        assert response.status_code == 400
+        assert f"deeper than {MAX_JSON_DEPTH} levels" in response.data["detail"]
+
+    def test_json_at_the_limit_is_parsed(self):
+        response = self.post(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
+        assert response.status_code == 200
+
+    def test_other_errors_are_drf_parse_errors_as_before(self):
+        response = self.post(b"{not json")
+        assert response.status_code == 400
+        assert response.data["detail"].startswith("JSON parse error")
