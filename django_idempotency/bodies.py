@@ -1,9 +1,14 @@
-"""What the library reads of a request body: JSON within a depth limit."""
+"""What the library reads of a request body: JSON within a depth limit, and only a whole body."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.handlers.wsgi import WSGIRequest
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
 
 #: The deepest nesting of JSON arrays and objects that is parsed: ``[]`` is 1 level, ``{"a": []}``
 #: 2. Parsing and canonicalizing JSON recurse once per level or more, so a body a few thousand
@@ -42,3 +47,17 @@ def load_json(data: bytes | str) -> Any:
     except RecursionError:
         raise JSONTooDeep from None
     return check_json_depth(value)
+
+
+def length_unknown(request: HttpRequest) -> bool:
+    """Whether the request has a body that Django cannot read whole.
+
+    Under WSGI, Django reads exactly ``Content-Length`` bytes of a body, and none without it: a
+    body sent with ``Transfer-Encoding: chunked`` reads as empty. (Under ASGI the server hands
+    Django the whole body.)
+    """
+    return (
+        isinstance(request, WSGIRequest)
+        and "HTTP_TRANSFER_ENCODING" in request.META
+        and not request.META.get("CONTENT_LENGTH")
+    )

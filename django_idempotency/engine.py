@@ -33,7 +33,7 @@ from django_idempotency.conf import (
     idempotency_settings,
     resolve_callable,
 )
-from django_idempotency.fingerprint import UnreadableBody, request_fingerprint
+from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.scope import AnonymousRejected
@@ -422,7 +422,9 @@ class Engine:
             fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
         except UnreadableBody as exc:
             # Refused before anything is claimed: the key stays free for a readable retry.
-            response = problems.problem_response(problems.BODY_INVALID, str(exc))
+            unread = isinstance(exc, LengthRequired)
+            problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
+            response = problems.problem_response(problem, str(exc))
             return _Decision(Outcome.INVALID, response, key, route=route)
         return _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import rfc8785
 from django.http.multipartparser import MultiPartParserError
 
-from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, load_json
+from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, length_unknown, load_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -83,6 +83,10 @@ class UnreadableBody(Exception):
     """The body cannot be fingerprinted; the message says why, and holds nothing of the body."""
 
 
+class LengthRequired(UnreadableBody):
+    """The body has no ``Content-Length``, so Django cannot read it whole."""
+
+
 _BODY_ERROR = "_django_idempotency_body_error"
 # Nothing of the request itself: not even the boundary it sent.
 _MALFORMED_MULTIPART = "The multipart body is malformed, so the request cannot be compared."
@@ -120,6 +124,11 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
         digest.add(name)
         digest.add(request.headers.get(name, ""))
     content_type = request.content_type or ""
+    if length_unknown(request):
+        # Django would read the body as empty: the fingerprint, and the view, would see another
+        # request than the one sent.
+        msg = "The body was sent without Content-Length, so it cannot be read whole."
+        raise LengthRequired(msg)
     buffer_body(request)
     if content_type == "multipart/form-data":
         digest.add(b"multipart")

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from django_idempotency.bodies import MAX_JSON_DEPTH
 from django_idempotency.drf import JSONParser
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import ApiClient, basic_auth
+from tests.conftest import ApiClient, basic_auth, send_chunked
 from tests.testapp.models import LedgerEntry, Payment
 
 pytestmark = pytest.mark.django_db
@@ -538,3 +538,57 @@ class TestJSONParser:
         response = self.post(b"{not json")
         assert response.status_code == 400
         assert response.data["detail"].startswith("JSON parse error")
+
+
+class TestChunkedBody:
+    """Without Content-Length (Transfer-Encoding: chunked), Django under WSGI reads no body."""
+
+    def test_a_keyed_chunked_request_is_refused_before_the_key_is_claimed(self, alice, key):
+        payment = Payment.objects.create(amount=1)
+        url = f"/api/viewset-payments/{payment.pk}/"
+        headers = {"Authorization": basic_auth(alice), "Idempotency-Key": key}
+        response = send_chunked(ApiClient(), "PATCH", url, b'{"amount": 9}', headers=headers)
+
+        assert response.status_code == 411
+        assert problem(response)["code"] == "idempotency.length_required"
+        assert not IdempotencyKey.objects.exists()
+        payment.refresh_from_db()
+        assert payment.amount == 1
+        # The key is not burnt: the retry with a Content-Length runs.
+        retry = ApiClient(alice).send("PATCH", url, {"amount": 9}, key=key)
+        assert (retry.status_code, retry["Idempotency-Status"]) == (200, "stored")
+        payment.refresh_from_db()
+        assert payment.amount == 9
+
+    @pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+    def test_refused_on_every_adapter(self, alice, key, path):
+        headers = {"Authorization": basic_auth(alice), "Idempotency-Key": key}
+        response = send_chunked(ApiClient(), "POST", path, b'{"amount": 9}', headers=headers)
+        assert response.status_code == 411
+        assert problem(response)["code"] == "idempotency.length_required"
+        assert effects() == (0, 0, 0)
+
+    def test_without_a_key_the_view_decides(self, alice):
+        headers = {"Authorization": basic_auth(alice)}
+        response = send_chunked(
+            ApiClient(), "POST", "/optional/", b'{"amount": 9}', headers=headers
+        )
+        assert response.status_code == 400  # DRF: the (empty) body has no amount
+        assert effects() == (0, 0, 0)
+
+    @pytest.mark.django_db(transaction=True)
+    def test_over_http(self, alice, key, live_server):
+        connection = http.client.HTTPConnection(live_server.thread.host, live_server.thread.port)
+        headers = {
+            "Authorization": basic_auth(alice),
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+            "Connection": "close",
+        }
+        connection.request("POST", "/payments/", iter([b'{"amount":', b" 9}"]), headers)
+        response = connection.getresponse()
+        status, body = response.status, json.loads(response.read())
+        connection.close()
+
+        assert (status, body["code"]) == (411, "idempotency.length_required")
+        assert effects() == (0, 0, 0)

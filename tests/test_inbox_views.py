@@ -22,6 +22,7 @@ from django_idempotency.inbox import (
 )
 from django_idempotency.inbox import processing as inbox_processing
 from django_idempotency.models import InboxEvent
+from tests.conftest import send_chunked
 from tests.inbox import deliver, refund_event
 from tests.testapp.models import Refund
 
@@ -236,6 +237,16 @@ def test_a_payload_at_the_depth_limit_is_recorded_and_processed():
     assert response.status_code == 200
     assert InboxEvent.objects.get().event_id == "evt_deep"
     assert Refund.objects.get().amount == 5
+
+
+def test_a_chunked_delivery_is_refused_as_unreadable_not_as_badly_signed():
+    body = json.dumps(refund_event()).encode()
+    signed = StandardWebhooksSignature(settings.TEST_WEBHOOK_SECRETS).sign(body, msg_id="msg_1")
+    response = send_chunked(Client(), "POST", "/webhooks/tests/", body, headers=signed)
+
+    assert response.status_code == 411
+    assert problem(response)["code"] == "inbox.length_required"
+    assert not InboxEvent.objects.exists()
 
 
 def test_only_post_is_allowed():

@@ -17,6 +17,7 @@ from django_idempotency.bodies import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
     check_json_depth,
+    length_unknown,
     load_json,
 )
 from django_idempotency.inbox.processing import Outcome, receive
@@ -149,6 +150,12 @@ class WebhookReceiverView(View):
         too_large = _Refusal(problems.PAYLOAD_TOO_LARGE, "The payload exceeds the limit.")
         if _content_length(request) > self.max_payload_size:
             raise too_large
+        if length_unknown(request):
+            # Django would read an empty body, and the signature would not match it.
+            raise _Refusal(
+                problems.PAYLOAD_LENGTH_REQUIRED,
+                "The payload was sent without Content-Length, so it cannot be read whole.",
+            )
         try:
             # Django reads no more than Content-Length.
             body = request.body
