@@ -1,4 +1,4 @@
-"""Django REST framework adapters: ``IdempotentMixin`` and ``ConditionalMixin``."""
+"""Django REST framework adapters: ``IdempotentMixin``, ``ConditionalMixin`` and ``JSONParser``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.db import router, transaction
+from rest_framework import parsers
+from rest_framework.exceptions import ParseError
 from rest_framework.utils.encoders import JSONEncoder
 
+from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,
     PreconditionError,
@@ -28,8 +31,9 @@ from django_idempotency.engine import (
 from django_idempotency.fingerprint import buffer_body
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable, Iterable, Mapping
     from datetime import timedelta
+    from typing import IO
 
     from django.db.models import Model, QuerySet
     from django.http import HttpResponseBase
@@ -144,6 +148,26 @@ class IdempotentMixin(_Base):
             )
 
         return idempotent_handler
+
+
+class JSONParser(parsers.JSONParser):
+    """DRF's JSON parser, refusing JSON nested deeper than ``MAX_JSON_DEPTH`` with a
+    ``ParseError`` (400) where DRF's own answers 500 (a ``RecursionError``).
+
+    Set it first in ``DEFAULT_PARSER_CLASSES``, or in a view's ``parser_classes``.
+    """
+
+    def parse(
+        self,
+        stream: IO[Any],
+        media_type: str | None = None,
+        parser_context: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        try:
+            return check_json_depth(super().parse(stream, media_type, parser_context))
+        except (JSONTooDeep, RecursionError):
+            msg = f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels"
+            raise ParseError(msg) from None
 
 
 class ConditionalMixin(_GenericBase):  # type: ignore[type-arg] # any model

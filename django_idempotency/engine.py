@@ -33,7 +33,7 @@ from django_idempotency.conf import (
     idempotency_settings,
     resolve_callable,
 )
-from django_idempotency.fingerprint import UnreadableBody, request_fingerprint
+from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.leases import LeaseKeeper
 from django_idempotency.leases import leases as default_leases
@@ -437,10 +437,11 @@ class Engine:
             return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
         try:
             fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
-        except UnreadableBody:
-            # Nothing of the request itself in the detail: not even the boundary it sent.
-            detail = "The multipart body is malformed, so the request cannot be compared."
-            response = problems.problem_response(problems.BODY_INVALID, detail)
+        except UnreadableBody as exc:
+            # Refused before anything is claimed: the key stays free for a readable retry.
+            unread = isinstance(exc, LengthRequired)
+            problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
+            response = problems.problem_response(problem, str(exc))
             return _Decision(Outcome.INVALID, response, key, route=route)
         return _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import TYPE_CHECKING
 
 import rfc8785
 from django.http.multipartparser import MultiPartParserError
+
+from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, length_unknown, load_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -36,13 +37,24 @@ class _Digest:
         return self._sha.hexdigest()
 
 
-def canonical_json(body: bytes) -> bytes | None:
-    """Return the RFC 8785 form of a JSON body, or ``None`` if it is not canonicalizable JSON."""
+def _canonical(body: bytes) -> bytes | None:
+    """The RFC 8785 form of a JSON body; ``None`` if it is not canonicalizable JSON; raise
+    ``JSONTooDeep`` if it is nested too deeply to parse."""
     try:
-        return rfc8785.dumps(json.loads(body))
+        return rfc8785.dumps(load_json(body))
+    except JSONTooDeep:
+        raise
     except (ValueError, TypeError, rfc8785.CanonicalizationError):
         # Not JSON, or JSON that RFC 8785 cannot represent (such as integers beyond 2**53):
         # the raw bytes are then the fingerprint.
+        return None
+
+
+def canonical_json(body: bytes) -> bytes | None:
+    """Return the RFC 8785 form of a JSON body, or ``None`` if it is not canonicalizable JSON."""
+    try:
+        return _canonical(body)
+    except JSONTooDeep:
         return None
 
 
@@ -68,10 +80,16 @@ def _add_form(digest: _Digest, request: HttpRequest) -> None:
 
 
 class UnreadableBody(Exception):
-    """The body is multipart, but not well-formed: it has no fields to fingerprint."""
+    """The body cannot be fingerprinted; the message says why, and holds nothing of the body."""
+
+
+class LengthRequired(UnreadableBody):
+    """The body has no ``Content-Length``, so Django cannot read it whole."""
 
 
 _BODY_ERROR = "_django_idempotency_body_error"
+# Nothing of the request itself: not even the boundary it sent.
+_MALFORMED_MULTIPART = "The multipart body is malformed, so the request cannot be compared."
 
 
 def buffer_body(request: HttpRequest) -> None:
@@ -106,18 +124,27 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
         digest.add(name)
         digest.add(request.headers.get(name, ""))
     content_type = request.content_type or ""
+    if length_unknown(request):
+        # Django would read the body as empty: the fingerprint, and the view, would see another
+        # request than the one sent.
+        msg = "The body was sent without Content-Length, so it cannot be read whole."
+        raise LengthRequired(msg)
     buffer_body(request)
     if content_type == "multipart/form-data":
         digest.add(b"multipart")
         if getattr(request, _BODY_ERROR, None) is not None:
-            raise UnreadableBody from getattr(request, _BODY_ERROR)
+            raise UnreadableBody(_MALFORMED_MULTIPART) from getattr(request, _BODY_ERROR)
         try:
             _add_form(digest, request)
         except MultiPartParserError as exc:
-            raise UnreadableBody from exc
+            raise UnreadableBody(_MALFORMED_MULTIPART) from exc
     else:
         body = request.body
-        canonical = canonical_json(body) if _is_json(content_type) else None
+        try:
+            canonical = _canonical(body) if _is_json(content_type) else None
+        except JSONTooDeep as exc:
+            msg = f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels."
+            raise UnreadableBody(msg) from exc
         digest.add(b"json" if canonical is not None else b"raw")
         digest.add(canonical if canonical is not None else body)
     return digest.hexdigest()

@@ -12,6 +12,8 @@ _VCHARS = re.compile(r"[\x21-\x7e]+")
 # a backslash escapes only a quote or a backslash.
 _SF_STRING = re.compile(r'"((?:[\x21\x23-\x5b\x5d-\x7e]|\\["\\])+)"')
 _SF_ESCAPE = re.compile(r'\\(["\\])')
+# Any quoted string, well-formed or not: what is left once they are removed is outside quotes.
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 class InvalidKey(ValueError):
@@ -20,12 +22,19 @@ class InvalidKey(ValueError):
 
 def parse_key(value: str) -> str:
     """Return the key carried by a header value, bare (``abc``) or quoted (``"abc"``)."""
+    # The draft makes the header one sf-string, not a list. A header sent twice reaches the
+    # application as one value, its lines joined by a comma (RFC 9110 section 5.3): "k,k" is two
+    # keys, not a new one. So a bare key may not hold a comma; a quoted one may.
     if value.startswith('"'):
         match = _SF_STRING.fullmatch(value)
         if match is None:
+            if "," in _QUOTED.sub("", value):
+                raise InvalidKey(_LIST)
             msg = "the quoted key is not a valid string of visible ASCII characters"
             raise InvalidKey(msg)
         key = _SF_ESCAPE.sub(r"\1", match.group(1))
+    elif "," in value:
+        raise InvalidKey(_LIST)
     elif _VCHARS.fullmatch(value):
         key = value
     elif not value:
@@ -38,3 +47,9 @@ def parse_key(value: str) -> str:
         msg = f"the key is longer than {MAX_LENGTH} characters"
         raise InvalidKey(msg)
     return key
+
+
+_LIST = (
+    "it holds more than one key (a comma outside quotes separates keys, as when the header is "
+    "sent twice); send one key, and quote it if it contains a comma"
+)

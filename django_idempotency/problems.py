@@ -30,6 +30,9 @@ ANONYMOUS_REJECTED = Problem(
 BODY_INVALID = Problem(
     "idempotency.body_invalid", 400, "The request body cannot be read to fingerprint it"
 )
+LENGTH_REQUIRED = Problem(
+    "idempotency.length_required", 411, "The request body must be sent with a Content-Length"
+)
 PAYLOAD_MISMATCH = Problem(
     "idempotency.payload_mismatch", 422, "The idempotency key was used with a different request"
 )
@@ -58,6 +61,9 @@ SIGNATURE_EXPIRED = Problem(
 )
 PAYLOAD_TOO_LARGE = Problem("inbox.payload_too_large", 413, "The webhook payload is too large")
 PAYLOAD_INVALID = Problem("inbox.payload_invalid", 400, "The webhook payload cannot be read")
+PAYLOAD_LENGTH_REQUIRED = Problem(
+    "inbox.length_required", 411, "The webhook must be sent with a Content-Length"
+)
 EVENT_CONFLICT = Problem(
     "inbox.event_conflict", 409, "An event with this id was received with a different payload"
 )
@@ -70,6 +76,7 @@ ALL = (
     KEY_INVALID,
     ANONYMOUS_REJECTED,
     BODY_INVALID,
+    LENGTH_REQUIRED,
     PAYLOAD_MISMATCH,
     IN_PROGRESS,
     UNAVAILABLE,
@@ -81,6 +88,7 @@ ALL = (
     SIGNATURE_EXPIRED,
     PAYLOAD_TOO_LARGE,
     PAYLOAD_INVALID,
+    PAYLOAD_LENGTH_REQUIRED,
     EVENT_CONFLICT,
     METHOD_NOT_ALLOWED,
 )

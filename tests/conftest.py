@@ -9,6 +9,7 @@ import uuid
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.client import FakePayload
 
 from tests.factories import UserFactory
 
@@ -58,6 +59,22 @@ class ApiClient(Client):
         return self.generic(
             method, path, body or "", content_type=content_type, headers=headers, **extra
         )
+
+
+def send_chunked(client, method, path, body: bytes, *, content_type="application/json", headers=()):
+    """Send ``body`` as a WSGI server hands Django a chunked request: the decoded body in
+    ``wsgi.input``, ``Transfer-Encoding`` set, and no ``CONTENT_LENGTH`` (which the test client
+    otherwise always sets)."""
+    environ = {
+        "REQUEST_METHOD": method,
+        "PATH_INFO": path,
+        "CONTENT_TYPE": content_type,
+        "HTTP_TRANSFER_ENCODING": "chunked",
+        "wsgi.input": FakePayload(body),
+    }
+    for name, value in dict(headers).items():
+        environ["HTTP_" + name.upper().replace("-", "_")] = value
+    return client.request(**environ)
 
 
 def _json(data) -> str:

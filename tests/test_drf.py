@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 
 import pytest
 from django.core.cache import cache
 from django.test import override_settings
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory
+from rest_framework.views import APIView
 
+from django_idempotency.bodies import MAX_JSON_DEPTH
+from django_idempotency.drf import JSONParser
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, basic_auth, send_chunked
 from tests.testapp.models import LedgerEntry, Payment
 
 pytestmark = pytest.mark.django_db
@@ -172,6 +178,48 @@ class TestKeyHeader:
         quoted = client_alice.send("POST", "/payments/", {"amount": 1}, key=f'"{key}"')
         assert quoted["Idempotency-Status"] == "replayed"
         assert IdempotencyKey.objects.get().key == key
+
+    @pytest.mark.parametrize("joined", ["{k},{k}", "{k},other", '"{k}", "{k}"', '"{k}",{k}'])
+    def test_a_list_of_keys_is_400_not_a_new_key(self, client_alice, key, joined):
+        client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=joined.format(k=key))
+        assert response.status_code == 400
+        body = problem(response)
+        assert body["code"] == "idempotency.key_invalid"
+        assert "more than one key" in body["detail"]
+        assert effects() == (1, 1, 1)
+
+    def test_a_quoted_key_may_contain_a_comma(self, client_alice, key):
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=f'"{key},2"')
+        assert response.status_code == 201
+        assert IdempotencyKey.objects.get().key == f"{key},2"
+
+    @pytest.mark.django_db(transaction=True)
+    def test_a_header_sent_twice_over_http_is_refused(self, alice, key, live_server):
+        def post(*keys):
+            connection = http.client.HTTPConnection(
+                live_server.thread.host, live_server.thread.port
+            )
+            body = json.dumps({"amount": 1}).encode()
+            connection.putrequest("POST", "/payments/")
+            connection.putheader("Authorization", basic_auth(alice))
+            connection.putheader("Content-Type", "application/json")
+            connection.putheader("Content-Length", str(len(body)))
+            for each in keys:
+                connection.putheader("Idempotency-Key", each)
+            connection.endheaders(body)
+            response = connection.getresponse()
+            answer = response.status, json.loads(response.read())
+            connection.close()
+            return answer
+
+        assert post(key)[0] == 201
+        # The server joins the two lines into "key,key": that is not a new key.
+        status, body = post(key, key)
+        assert (status, body["code"]) == (400, "idempotency.key_invalid")
+        status, body = post(key, "another")
+        assert (status, body["code"]) == (400, "idempotency.key_invalid")
+        assert effects() == (1, 1, 1)
 
     @override_settings(IDEMPOTENCY={"HEADER": "X-Request-Key"})
     def test_the_header_name_is_a_setting(self, client_alice, key):
@@ -443,3 +491,104 @@ def test_a_malformed_multipart_body_with_a_key_is_a_400_not_a_500(
     assert "ü" not in body["detail"]  # nothing of the request is echoed
     assert not IdempotencyKey.objects.exists()
     assert not Payment.objects.exists()
+
+
+@pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 5000])
+def test_a_json_body_nested_too_deeply_with_a_key_is_a_400_not_a_500(
+    client_alice, key, path, depth
+):
+    body = b'{"amount": ' + b"[" * depth + b"]" * depth + b"}"
+    response = client_alice.send("POST", path, body, key=key)
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["code"] == "idempotency.body_invalid"
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in body["detail"]
+    assert effects() == (0, 0, 0)
+
+
+class TestJSONParser:
+    """The JSON parser the library ships for DRF: a depth limit, so deep JSON is a 400 too
+    without a key."""
+
+    class Echo(APIView):
+        authentication_classes = ()
+        permission_classes = ()
+        parser_classes = (JSONParser,)
+
+        def post(self, request):
+            return Response({"data": request.data})
+
+    def post(self, body: bytes):
+        request = APIRequestFactory().post("/", body, content_type="application/json")
+        return self.Echo.as_view()(request)
+
+    @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 5000])
+    def test_json_nested_too_deeply_is_a_parse_error(self, depth):
+        response = self.post(b"[" * depth + b"]" * depth)
+        assert response.status_code == 400
+        assert f"deeper than {MAX_JSON_DEPTH} levels" in response.data["detail"]
+
+    def test_json_at_the_limit_is_parsed(self):
+        response = self.post(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
+        assert response.status_code == 200
+
+    def test_other_errors_are_drf_parse_errors_as_before(self):
+        response = self.post(b"{not json")
+        assert response.status_code == 400
+        assert response.data["detail"].startswith("JSON parse error")
+
+
+class TestChunkedBody:
+    """Without Content-Length (Transfer-Encoding: chunked), Django under WSGI reads no body."""
+
+    def test_a_keyed_chunked_request_is_refused_before_the_key_is_claimed(self, alice, key):
+        payment = Payment.objects.create(amount=1)
+        url = f"/api/viewset-payments/{payment.pk}/"
+        headers = {"Authorization": basic_auth(alice), "Idempotency-Key": key}
+        response = send_chunked(ApiClient(), "PATCH", url, b'{"amount": 9}', headers=headers)
+
+        assert response.status_code == 411
+        assert problem(response)["code"] == "idempotency.length_required"
+        assert not IdempotencyKey.objects.exists()
+        payment.refresh_from_db()
+        assert payment.amount == 1
+        # The key is not burnt: the retry with a Content-Length runs.
+        retry = ApiClient(alice).send("PATCH", url, {"amount": 9}, key=key)
+        assert (retry.status_code, retry["Idempotency-Status"]) == (200, "stored")
+        payment.refresh_from_db()
+        assert payment.amount == 9
+
+    @pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+    def test_refused_on_every_adapter(self, alice, key, path):
+        headers = {"Authorization": basic_auth(alice), "Idempotency-Key": key}
+        response = send_chunked(ApiClient(), "POST", path, b'{"amount": 9}', headers=headers)
+        assert response.status_code == 411
+        assert problem(response)["code"] == "idempotency.length_required"
+        assert effects() == (0, 0, 0)
+
+    def test_without_a_key_the_view_decides(self, alice):
+        headers = {"Authorization": basic_auth(alice)}
+        response = send_chunked(
+            ApiClient(), "POST", "/optional/", b'{"amount": 9}', headers=headers
+        )
+        assert response.status_code == 400  # DRF: the (empty) body has no amount
+        assert effects() == (0, 0, 0)
+
+    @pytest.mark.django_db(transaction=True)
+    def test_over_http(self, alice, key, live_server):
+        connection = http.client.HTTPConnection(live_server.thread.host, live_server.thread.port)
+        headers = {
+            "Authorization": basic_auth(alice),
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+            "Connection": "close",
+        }
+        connection.request("POST", "/payments/", iter([b'{"amount":', b" 9}"]), headers)
+        response = connection.getresponse()
+        status, body = response.status, json.loads(response.read())
+        connection.close()
+
+        assert (status, body["code"]) == (411, "idempotency.length_required")
+        assert effects() == (0, 0, 0)

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
 import json
+import sys
 
+import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import RequestFactory
 from django.test.client import encode_multipart
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.fingerprint import canonical_json, request_fingerprint
+from django_idempotency.bodies import MAX_JSON_DEPTH
+from django_idempotency.fingerprint import UnreadableBody, canonical_json, request_fingerprint
 
 factory = RequestFactory()
 
@@ -91,3 +94,23 @@ def test_multipart_is_hashed_by_fields_and_files_not_by_boundary():
     assert upload(b"abc", "n", "one") != upload(b"abd", "n", "one")
     assert upload(b"abc", "n", "one") != upload(b"abc", "m", "one")
     assert upload(b"", "n", "one") != upload(b"", "", "one")
+
+
+def nested(depth: int) -> bytes:
+    return b'{"a": ' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+def test_json_up_to_the_depth_limit_is_fingerprinted_as_json():
+    assert fingerprint_of(nested(MAX_JSON_DEPTH)) == fingerprint_of(
+        nested(MAX_JSON_DEPTH).replace(b" ", b"")
+    )
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 900, 5000])
+def test_json_nested_deeper_than_the_limit_cannot_be_fingerprinted(depth):
+    with pytest.raises(UnreadableBody, match=f"deeper than {MAX_JSON_DEPTH} levels"):
+        fingerprint_of(nested(depth))
+
+
+def test_the_depth_limit_leaves_room_on_the_stack():
+    assert 32 <= MAX_JSON_DEPTH <= sys.getrecursionlimit() // 4

@@ -14,6 +14,7 @@ from django.test import Client, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals, tasks
+from django_idempotency.bodies import MAX_JSON_DEPTH
 from django_idempotency.inbox import (
     GitHubSignature,
     StandardWebhooksSignature,
@@ -23,6 +24,7 @@ from django_idempotency.inbox import (
 )
 from django_idempotency.inbox import processing as inbox_processing
 from django_idempotency.models import InboxEvent
+from tests.conftest import send_chunked
 from tests.inbox import deliver, refund_event
 from tests.testapp.models import Refund
 
@@ -210,6 +212,42 @@ def test_an_unreadable_payload_is_refused_with_400(body):
 
     assert response.status_code == 400
     assert problem(response)["code"] == "inbox.payload_invalid"
+    assert not InboxEvent.objects.exists()
+
+
+def nested_event(depth: int) -> bytes:
+    """A refund event whose JSON is ``depth`` levels deep, its two objects included."""
+    arrays = b"[" * (depth - 2) + b"]" * (depth - 2)
+    data = b'{"amount": 5, "nested": ' + arrays + b"}"
+    return b'{"id": "evt_deep", "type": "refund.succeeded", "data": ' + data + b"}"
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 1, 5000])
+def test_a_signed_payload_nested_too_deeply_is_refused_with_400_not_500(depth):
+    response = deliver(nested_event(depth))
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["code"] == "inbox.payload_invalid"
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in body["detail"]
+    assert not InboxEvent.objects.exists()
+
+
+def test_a_payload_at_the_depth_limit_is_recorded_and_processed():
+    response = deliver(nested_event(MAX_JSON_DEPTH))
+
+    assert response.status_code == 200
+    assert InboxEvent.objects.get().event_id == "evt_deep"
+    assert Refund.objects.get().amount == 5
+
+
+def test_a_chunked_delivery_is_refused_as_unreadable_not_as_badly_signed():
+    body = json.dumps(refund_event()).encode()
+    signed = StandardWebhooksSignature(settings.TEST_WEBHOOK_SECRETS).sign(body, msg_id="msg_1")
+    response = send_chunked(Client(), "POST", "/webhooks/tests/", body, headers=signed)
+
+    assert response.status_code == 411
+    assert problem(response)["code"] == "inbox.length_required"
     assert not InboxEvent.objects.exists()
 
 

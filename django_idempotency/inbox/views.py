@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +13,13 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import problems
+from django_idempotency.bodies import (
+    MAX_JSON_DEPTH,
+    JSONTooDeep,
+    check_json_depth,
+    length_unknown,
+    load_json,
+)
 from django_idempotency.inbox.processing import Outcome, receive
 from django_idempotency.inbox.verifiers import SignatureError, Verifier
 
@@ -75,7 +81,7 @@ class WebhookReceiverView(View):
 
     def parse_payload(self, body: bytes) -> Any:
         """Return the payload of ``body``; raise ``ValueError`` if it cannot be read."""
-        return json.loads(body)
+        return load_json(body)
 
     def get_event_id(self, request: HttpRequest, payload: Any) -> str | None:
         """Return the sender's id of the event, or ``None`` to dedupe by payload hash."""
@@ -143,6 +149,12 @@ class WebhookReceiverView(View):
         too_large = _Refusal(problems.PAYLOAD_TOO_LARGE, "The payload exceeds the limit.")
         if _content_length(request) > self.max_payload_size:
             raise too_large
+        if length_unknown(request):
+            # Django would read an empty body, and the signature would not match it.
+            raise _Refusal(
+                problems.PAYLOAD_LENGTH_REQUIRED,
+                "The payload was sent without Content-Length, so it cannot be read whole.",
+            )
         try:
             # Django reads no more than Content-Length.
             body = request.body
@@ -156,7 +168,12 @@ class WebhookReceiverView(View):
         except SignatureError as exc:
             raise _Refusal(problems.BY_CODE[exc.code], exc.detail) from None
         try:
-            payload = self.parse_payload(body)
+            # The depth is checked again for a parse_payload() of the project's own: storing and
+            # hashing the payload recurse through it.
+            payload = check_json_depth(self.parse_payload(body))
+        except (JSONTooDeep, RecursionError):
+            detail = f"The payload is nested deeper than {MAX_JSON_DEPTH} levels."
+            raise _Refusal(problems.PAYLOAD_INVALID, detail) from None
         except ValueError:
             raise _Refusal(problems.PAYLOAD_INVALID, "The payload cannot be parsed.") from None
         event_id = self.get_event_id(request, payload)

@@ -132,3 +132,17 @@ def test_metadata_must_be_an_object_even_from_a_form(alice):
     assert response.status_code == 400
     assert "metadata" in response.json()
     assert not Payment.objects.exists()
+
+
+@pytest.mark.parametrize("key", [None, "deep-json"])
+def test_deeply_nested_json_is_a_400_with_or_without_a_key(alice, key):
+    created = post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "deep-create")
+    deep = b'{"metadata": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    headers = {"Idempotency-Key": key} if key else {}
+
+    response = alice.patch(
+        created["Location"], deep, content_type="application/json", headers=headers
+    )
+
+    assert response.status_code == 400
+    assert Payment.objects.get().version == 1
