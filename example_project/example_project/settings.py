@@ -143,6 +143,22 @@ IDEMPOTENCY = {
     "OUTBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
 }
 
+# Environment knobs for tests that serve this project over HTTP (tests/blackbox/): a lease shorter
+# than the default, in seconds (EXAMPLE_LEASE_TIMEOUT), and the replay cache on a Redis
+# (EXAMPLE_REDIS_CACHE_URL, for example redis://127.0.0.1:6379/2), configured as
+# docs/settings.md shows it.
+if lease_timeout := os.environ.get("EXAMPLE_LEASE_TIMEOUT"):
+    IDEMPOTENCY["LEASE_TIMEOUT"] = timedelta(seconds=float(lease_timeout))
+if redis_cache_url := os.environ.get("EXAMPLE_REDIS_CACHE_URL"):
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "idempotency": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": redis_cache_url,
+        },
+    }
+    IDEMPOTENCY["CACHE"] = "idempotency"
+
 # Where the outbox sends our payment events (here: back to this project's own inbox, as to another
 # service), and the secrets they are signed with.
 PAYMENT_EVENTS_URL = os.environ.get(
