@@ -194,20 +194,23 @@ def test_a_recorded_webhook_whose_processing_loses_the_database_answers_2xx(serv
     recorded = database.effects()
 
     # The inbox retries the event when it is due; make it due now rather than wait.
-    database.execute("UPDATE django_idempotency_inboxevent SET next_attempt_at = now()")
+    database.execute(
+        "UPDATE django_idempotency_inboxevent SET next_attempt_at = now() "
+        "WHERE status <> 'processed'"
+    )
     manage(environment(database), "idempotency_inbox", "--no-purge")
 
     assert terminated >= 1
     processed = database.execute("SELECT status FROM django_idempotency_inboxevent")
     assert {
         "the delivery answered 2xx": 200 <= answer.status < 300,
-        "recorded: inbox events, receipts": (recorded["inbox events"], recorded["receipts"]),
+        "inbox events recorded": recorded["inbox events"],
         "after the inbox's run: statuses, receipts": (
             processed,
             database.count("payments_receiptemail"),
         ),
     } == {
         "the delivery answered 2xx": True,
-        "recorded: inbox events, receipts": (1, 0),
+        "inbox events recorded": 1,
         "after the inbox's run: statuses, receipts": ([("processed",)], 1),
     }, f"the delivery's answer: {answer}"
