@@ -150,6 +150,11 @@ IDEMPOTENCY = {
     "OUTBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
 }
 
+# A lease shorter than the default, in seconds: for tests that serve this project over HTTP
+# (tests/blackbox/) and make a request outlive its lease.
+if lease_timeout := os.environ.get("EXAMPLE_LEASE_TIMEOUT"):
+    IDEMPOTENCY["LEASE_TIMEOUT"] = timedelta(seconds=float(lease_timeout))
+
 # With REDIS_URL set (redis://host:port/db), replays are served from Redis before the database.
 if redis_url := os.environ.get("REDIS_URL"):
     CACHES = {

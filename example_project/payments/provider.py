@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -18,8 +19,13 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-LATENCY = 0.2
-"""Seconds each authorization takes."""
+# Both are environment knobs so that a test serving the project can make the provider slower
+# than a lease, before or after the money is taken.
+LATENCY = float(os.environ.get("EXAMPLE_PROVIDER_LATENCY", "0.2"))
+"""Seconds each authorization or charge takes before it happens (``EXAMPLE_PROVIDER_LATENCY``)."""
+DELAY_AFTER_CHARGE = float(os.environ.get("EXAMPLE_PROVIDER_DELAY_AFTER_CHARGE", "0"))
+"""Seconds a charge takes to answer once the money is taken
+(``EXAMPLE_PROVIDER_DELAY_AFTER_CHARGE``)."""
 
 
 def authorize(amount: int, currency: str) -> str:
@@ -71,6 +77,7 @@ def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
             },
         )
     )
+    time.sleep(DELAY_AFTER_CHARGE)
     return record.reference
 
 

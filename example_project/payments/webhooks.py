@@ -6,6 +6,9 @@ HTTP, as they would reach another service of ours.
 
 from __future__ import annotations
 
+import os
+import time
+
 from django.conf import settings
 
 from django_idempotency.client import RetryPolicy
@@ -18,6 +21,10 @@ from django_idempotency.inbox import (
 from django_idempotency.outbox import WebhookDispatcher, register_dispatcher
 from payments.models import CustomerNotice, ProviderStatus, ReceiptEmail, Refund
 
+HANDLER_DELAY = float(os.environ.get("EXAMPLE_INBOX_HANDLER_DELAY", "0"))
+"""Seconds each handler below takes before it writes (``EXAMPLE_INBOX_HANDLER_DELAY``): a test
+serving the project uses it to fail a handler while it runs."""
+
 
 class ProviderWebhook(WebhookReceiverView):
     source = "provider"
@@ -28,6 +35,7 @@ class ProviderWebhook(WebhookReceiverView):
 @inbox_handler("provider", "refund.pending", "refund.succeeded")
 def refund_status_changed(event):
     """Record the refund's status at the provider; tell the customer once it succeeded."""
+    time.sleep(HANDLER_DELAY)
     data = event.payload["data"]
     status = ProviderStatus(event.event_type.removeprefix("refund."))
     # Webhooks arrive out of order: apply only what is newer than what the refund shows.
@@ -63,6 +71,7 @@ register_dispatcher(
 @inbox_handler("payments", "payment.captured")
 def payment_captured(event):
     """E-mail the receipt of a captured payment."""
+    time.sleep(HANDLER_DELAY)
     ReceiptEmail.objects.create(
         payment_id=event.payload["data"]["payment"], event_id=event.event_id
     )

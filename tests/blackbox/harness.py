@@ -1,0 +1,428 @@
+"""The example project served by gunicorn on a PostgreSQL database of its own, and what the
+fault tests need around it: an HTTP client that can send what well-behaved clients do not, the
+effects counted in the database, and a Redis to freeze.
+
+Every process started here is stopped by whoever started it; every wait has a bound.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "example_project"
+USERNAME, PASSWORD = "alice", "password"
+# The secrets the served project verifies webhooks with, and the tests sign them with.
+PROVIDER_SECRET = "whsec_fault-tests-only"
+PAYMENT_EVENTS_SECRET = "whsec_ZmF1bHQtdGVzdHMtb25seQ=="
+PROBLEM = "application/problem+json"
+# Bounds: how long a server may take to answer its first request, and a request by default.
+START_TIMEOUT = 30.0
+REQUEST_TIMEOUT = 15.0
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def wait_for(condition: Any, *, timeout: float, interval: float = 0.02, what: str = "") -> Any:
+    """Poll ``condition()`` until it returns something true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if result := condition():
+            return result
+        if time.monotonic() > deadline:
+            msg = f"gave up after {timeout} s waiting for {what or condition}"
+            raise AssertionError(msg)
+        time.sleep(interval)
+
+
+# -- the database ------------------------------------------------------------------------------
+
+
+class Database:
+    """The served project's PostgreSQL database: created, migrated, counted, dropped."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        host = os.environ.get("PGHOST", "127.0.0.1")
+        port = os.environ.get("PGPORT", "5432")
+        user = os.environ.get("PGUSER", "postgres")
+        password = os.environ.get("PGPASSWORD", "")
+        credentials = f"{user}:{password}" if password else user
+        self.url = f"postgres://{credentials}@{host}:{port}/{name}"
+        self.admin_url = f"postgres://{credentials}@{host}:{port}/postgres"
+
+    def create(self, env: dict[str, str]) -> None:
+        """Create the database anew, migrate it and add the user the tests authenticate as."""
+        self.drop()
+        with psycopg.connect(self.admin_url, autocommit=True) as connection:
+            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        manage(env, "migrate", "--verbosity", "0")
+        manage(
+            env,
+            "shell",
+            "--verbosity",
+            "0",
+            "-c",
+            "from django.contrib.auth.models import User; "
+            f"User.objects.create_user({USERNAME!r}, password={PASSWORD!r})",
+        )
+
+    def drop(self) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as connection:
+            connection.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
+            )
+
+    def execute(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with psycopg.connect(self.url, autocommit=True) as connection:
+            cursor = connection.execute(statement, params or None)
+            return cursor.fetchall() if cursor.description else []
+
+    def empty(self) -> None:
+        """Delete every payment, key, inbox event and outbox message; keep the user."""
+        tables = [
+            name
+            for (name,) in self.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public' "
+                "AND (tablename LIKE 'payments\\_%' OR tablename LIKE 'django\\_idempotency\\_%')"
+            )
+        ]
+        self.execute(
+            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE")
+            .format(sql.SQL(", ").join(map(sql.Identifier, tables)))
+            .as_string()
+        )
+
+    def count(self, table: str, where: str = "TRUE", params: tuple[Any, ...] = ()) -> int:
+        return int(self.execute(f"SELECT count(*) FROM {table} WHERE {where}", params)[0][0])  # noqa: S608 - the tests' own table names
+
+    def effects(self) -> dict[str, int]:
+        """Every effect a request can have, counted."""
+        return {
+            "provider charges": self.count("payments_providercharge"),
+            "payments": self.count("payments_payment"),
+            "ledger entries": self.count("payments_ledgerentry"),
+            "outbox messages": self.count("django_idempotency_outboxmessage"),
+            "inbox events": self.count("django_idempotency_inboxevent"),
+            "receipts": self.count("payments_receiptemail"),
+            "stored keys": self.count("django_idempotency_idempotencykey"),
+        }
+
+    def payment_ids(self) -> set[int]:
+        return {pk for (pk,) in self.execute("SELECT id FROM payments_payment")}
+
+    def terminate_other_connections(self) -> int:
+        """Terminate every other session on this database, as a failover or an operator does."""
+        rows = self.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return sum(1 for (terminated,) in rows if terminated)
+
+
+def environment(database: Database, **knobs: str) -> dict[str, str]:
+    """The served project's environment: the test's PostgreSQL database and the given knobs."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        # The project's own switches: a broker would move the inbox and outbox off the request.
+        if name not in {"CELERY_BROKER_URL", "DEBUG"} and not name.startswith("EXAMPLE_")
+    }
+    env.update(
+        DJANGO_SETTINGS_MODULE="tests.blackbox.server_settings",
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(EXAMPLE)]),
+        DATABASE_URL=database.url,
+        PROVIDER_WEBHOOK_SECRETS=PROVIDER_SECRET,
+        PAYMENT_EVENTS_SECRETS=PAYMENT_EVENTS_SECRET,
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(knobs)
+    return env
+
+
+def manage(env: dict[str, str], *args: str, timeout: float = 120) -> str:
+    """Run the served project's ``manage.py``; return its output."""
+    completed = subprocess.run(
+        [sys.executable, str(EXAMPLE / "manage.py"), *args],
+        env=env,
+        cwd=EXAMPLE,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if completed.returncode != 0:
+        msg = f"manage.py {' '.join(args)} failed:\n{completed.stdout}\n{completed.stderr}"
+        raise AssertionError(msg)
+    return completed.stdout
+
+
+# -- HTTP -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: http.client.HTTPMessage
+    body: bytes
+    seconds: float
+
+    @property
+    def content_type(self) -> str:
+        return (self.headers.get("Content-Type") or "").split(";")[0].strip()
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+    def field(self, name: str) -> Any:
+        """A field of a JSON object body; ``None`` when there is no such body or field."""
+        try:
+            data = self.json()
+        except ValueError:
+            return None
+        return data.get(name) if isinstance(data, dict) else None
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.content_type} {self.body[:300]!r}"
+
+
+def basic_auth() -> tuple[str, str]:
+    token = base64.b64encode(f"{USERNAME}:{PASSWORD}".encode()).decode()
+    return ("Authorization", f"Basic {token}")
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+class Process:
+    """A process started in a session of its own, its output in a file; stopped for sure."""
+
+    def __init__(self, command: list[str], *, env: dict[str, str], log: Path, cwd: Path) -> None:
+        self.log_path = log
+        with log.open("wb") as output:
+            self.popen = subprocess.Popen(
+                command,
+                env=env,
+                cwd=cwd,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self.pid = self.popen.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal_group(self, signum: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, signum)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Thaw anything frozen, ask the process to stop, and kill its group past ``grace``."""
+        if self.popen.poll() is None:
+            self.signal_group(signal.SIGCONT)
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.popen.wait(timeout=10)
+        # Workers left behind by a master that died first.
+        self.signal_group(signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """The pids of ``pid``'s child processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == pid:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+class Server(Process):
+    """The example project under gunicorn: gthread workers, a timeout that kills no slow request."""
+
+    WORKERS, THREADS = 2, 4
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "example_project.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--worker-class",
+            "gthread",
+            "--workers",
+            str(self.WORKERS),
+            "--threads",
+            str(self.THREADS),
+            # Longer than any test: a slow or frozen worker is never killed by gunicorn.
+            "--timeout",
+            "300",
+            "--graceful-timeout",
+            "3",
+            "--preload",
+            "--access-logfile",
+            "-",
+        ]
+        if _gunicorn_has_control_socket():
+            # Its default path is one per user, shared with every other gunicorn of theirs.
+            command.append("--no-control-socket")
+        # The outbox sends the payment events back to this server's inbox, as to another service.
+        env = {**env, "PAYMENT_EVENTS_URL": f"http://127.0.0.1:{self.port}/webhooks/payments/"}
+        super().__init__(command, env=env, log=log, cwd=ROOT)
+        self.env = env
+
+    def wait_until_up(self) -> None:
+        def answers() -> bool:
+            if self.popen.poll() is not None:
+                msg = f"gunicorn exited with {self.popen.returncode}:\n{self.log()}"
+                raise AssertionError(msg)
+            try:
+                self.send("GET", "/api/payments/", auth=False, timeout=1)
+            except OSError:
+                return False
+            return len(self.workers()) == self.WORKERS
+
+        wait_for(answers, timeout=START_TIMEOUT, interval=0.1, what="gunicorn to answer")
+
+    def workers(self) -> list[int]:
+        return children(self.pid)
+
+    def freeze(self, pid: int) -> None:
+        assert pid in self.workers(), f"{pid} is not one of this server's workers"
+        os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self, pid: int) -> None:
+        os.kill(pid, signal.SIGCONT)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        key: str | None = None,
+        auth: bool = True,
+        chunked: bool = False,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> Answer:
+        """Send one request on a connection of its own.
+
+        ``headers`` is a list: a name given twice goes on the wire as two header lines. A
+        ``chunked`` body is sent with ``Transfer-Encoding: chunked`` and no ``Content-Length``.
+        """
+        lines = list(headers or [])
+        if auth:
+            lines.append(basic_auth())
+        if key is not None:
+            lines.append(("Idempotency-Key", key))
+        if body is not None and not any(name.lower() == "content-type" for name, _ in lines):
+            lines.append(("Content-Type", "application/json"))
+        started = time.monotonic()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            connection.putrequest(method, path, skip_accept_encoding=True)
+            for name, value in lines:
+                connection.putheader(name, value)
+            connection.putheader("Connection", "close")
+            if chunked:
+                connection.putheader("Transfer-Encoding", "chunked")
+            else:
+                connection.putheader("Content-Length", str(len(body or b"")))
+            connection.endheaders()
+            if chunked:
+                connection.send(chunks(body or b""))
+            elif body:
+                connection.send(body)
+            response = connection.getresponse()
+            return Answer(
+                response.status, response.headers, response.read(), time.monotonic() - started
+            )
+        finally:
+            connection.close()
+
+    def post_json(self, path: str, data: Any, **options: Any) -> Answer:
+        return self.send("POST", path, json.dumps(data).encode(), **options)
+
+
+def _gunicorn_has_control_socket() -> bool:
+    from gunicorn.config import KNOWN_SETTINGS  # noqa: PLC0415 - gunicorn is checked for first
+
+    return any(setting.name == "control_socket_disable" for setting in KNOWN_SETTINGS)
+
+
+def chunks(body: bytes, size: int = 16) -> bytes:
+    """``body`` in the chunked transfer coding (RFC 9112, section 7.1), a few chunks long."""
+    pieces = [body[start : start + size] for start in range(0, len(body), size)]
+    return b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for piece in pieces) + b"0\r\n\r\n"
+
+
+class Redis(Process):
+    """A redis-server of the test's own, on a free loopback port, persisting nothing."""
+
+    def __init__(self, log: Path) -> None:
+        self.port = free_port()
+        command = [
+            "redis-server",
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ]
+        super().__init__(command, env=dict(os.environ), log=log, cwd=log.parent)
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def wait_until_up(self) -> None:
+        def answers() -> bool:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as connection:
+                    connection.sendall(b"PING\r\n")
+                    return connection.recv(16).startswith(b"+PONG")
+            except OSError:
+                return False
+
+        wait_for(answers, timeout=START_TIMEOUT, interval=0.05, what="redis-server to answer")
+
+    def freeze(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
