@@ -53,7 +53,7 @@ def missing(extra: str, needed_by: str) -> ImproperlyConfigured:
 
 
 @contextlib.contextmanager
-def extra(name: str, needed_by: str) -> Iterator[None]:
+def requires(name: str, needed_by: str) -> Iterator[None]:
     """Turn the ImportError of an absent optional library into an error naming its extra.
 
     An ImportError raised while the library *is* installed (a broken install, an incompatible

@@ -6,7 +6,11 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.db import router, transaction
-from rest_framework.utils.encoders import JSONEncoder
+
+from django_idempotency import _optional
+
+with _optional.requires("drf", __name__):
+    from rest_framework.utils.encoders import JSONEncoder
 
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drf_spectacular.drainage import warn
-from drf_spectacular.extensions import OpenApiViewExtension
-from drf_spectacular.plumbing import ResolvedComponent, get_class
-
-from django_idempotency import problems
+from django_idempotency import _optional, problems
 from django_idempotency.conditional import CONDITIONAL_METHODS
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.drf import ConditionalMixin, IdempotentMixin
+from django_idempotency.drf import ConditionalMixin, IdempotentMixin  # names the drf extra first
 from django_idempotency.engine import REPLAYED_HEADER, STATUS_HEADER
+
+with _optional.requires("openapi", __name__):
+    from drf_spectacular.drainage import warn
+    from drf_spectacular.extensions import OpenApiViewExtension
+    from drf_spectacular.plumbing import ResolvedComponent, get_class
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
