@@ -13,16 +13,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency import _optional, problems
-from django_idempotency.conditional import CONDITIONAL_METHODS
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.drf import ConditionalMixin, IdempotentMixin  # names the drf extra first
-from django_idempotency.engine import REPLAYED_HEADER, STATUS_HEADER
+from django_idempotency import _optional
 
+# Named first: the openapi extra brings Django REST framework too.
 with _optional.requires("openapi", __name__):
     from drf_spectacular.drainage import warn
     from drf_spectacular.extensions import OpenApiViewExtension
     from drf_spectacular.plumbing import ResolvedComponent, get_class
+
+from django_idempotency import problems
+from django_idempotency.conditional import CONDITIONAL_METHODS
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.drf import ConditionalMixin, IdempotentMixin
+from django_idempotency.engine import REPLAYED_HEADER, STATUS_HEADER
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema

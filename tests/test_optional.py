@@ -23,7 +23,6 @@ from tests.libraries import IMPORTED_BY, without
     [
         ("drf", "rest_framework", "drf"),
         ("openapi", "drf_spectacular", "openapi"),
-        ("openapi", "rest_framework", "drf"),
         ("tasks", "celery", "celery"),
         ("client", "tenacity", "client"),
         ("metrics", "prometheus_client", "metrics"),
@@ -176,7 +175,7 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
     outcome = json.loads(completed.stdout.splitlines()[-1])
     needs = {
         "django_idempotency.drf": "drf",
-        "django_idempotency.openapi": "drf",
+        "django_idempotency.openapi": "openapi",
         "django_idempotency.tasks": "celery",
         "django_idempotency.client": "client",
         "django_idempotency.metrics": "metrics",
