@@ -1,9 +1,9 @@
 from __future__ import annotations
 
-import importlib.util
-
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
+
+from django_idempotency._optional import installed
 
 
 class IdempotencyConfig(AppConfig):
@@ -15,12 +15,10 @@ class IdempotencyConfig(AppConfig):
         from django_idempotency import checks  # noqa: F401, PLC0415 - registers the checks
 
         # Each optional integration loads when its library is installed.
-        if importlib.util.find_spec("drf_spectacular") and importlib.util.find_spec(
-            "rest_framework"
-        ):
+        if installed("drf_spectacular") and installed("rest_framework"):
             # Registers the schema extension: idempotent views document themselves.
             from django_idempotency import openapi  # noqa: F401, PLC0415
-        if importlib.util.find_spec("prometheus_client") is not None:
+        if installed("prometheus_client"):
             from django_idempotency import metrics  # noqa: F401, PLC0415
-        if importlib.util.find_spec("opentelemetry.trace") is not None:
+        if installed("opentelemetry.trace"):
             from django_idempotency import tracing  # noqa: F401, PLC0415

@@ -31,17 +31,16 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
-from django_idempotency import guard
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency import _optional, guard
 from django_idempotency.backoff import decorrelated_jitter, equal_jitter, full_jitter
 
-try:
+with _optional.requires("client", __name__):
     import tenacity
     from tenacity.retry import retry_base
     from tenacity.stop import stop_base
     from tenacity.wait import wait_base
-except ImportError as exc:
-    msg = "django_idempotency.client needs tenacity: install django-idempotency[client]"
-    raise ImportError(msg) from exc
 
 try:
     import httpx
@@ -82,6 +81,29 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+# What each HTTP library's part of the module defines, for the error that names the library.
+_NEEDS: Final = {
+    "RetryTransport": "httpx",
+    "AsyncRetryTransport": "httpx",
+    "retrying_client": "httpx",
+    "retrying_async_client": "httpx",
+    "RetryAdapter": "requests",
+    "retrying_session": "requests",
+}
+
+
+if not TYPE_CHECKING:  # a module __getattr__ would make every name type-check
+
+    def __getattr__(name: str) -> Any:
+        # Only reached for a name the module does not define: one whose HTTP library is missing.
+        if name in _NEEDS:
+            library = _NEEDS[name]
+            msg = f"{__name__}.{name} needs {library}, not installed: pip install {library}"
+            raise ImproperlyConfigured(msg)
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)
+
 
 #: Statuses worth another attempt: the request timed out, came too early, was rate limited, or
 #: the server failed in a way that may pass. 501 and 505 will not pass.

@@ -10,6 +10,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
+from django_idempotency._optional import installed
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,
     PreconditionError,
@@ -124,10 +125,10 @@ def idempotent(
 
 
 def _is_drf_view(view_func: ViewFunction) -> bool:
-    try:
-        from rest_framework.views import APIView  # noqa: PLC0415 - DRF is optional
-    except ImportError:  # pragma: no cover - DRF is installed wherever the tests run
+    if not installed("rest_framework"):
         return False
+    from rest_framework.views import APIView  # noqa: PLC0415 - DRF is optional
+
     view_class = getattr(view_func, "cls", None)
     return isinstance(view_class, type) and issubclass(view_class, APIView)
 

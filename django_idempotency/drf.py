@@ -6,9 +6,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.db import router, transaction
-from rest_framework import parsers
-from rest_framework.exceptions import ParseError
-from rest_framework.utils.encoders import JSONEncoder
+
+from django_idempotency import _optional
+
+with _optional.requires("drf", __name__):
+    from rest_framework import parsers
+    from rest_framework.exceptions import ParseError
+    from rest_framework.utils.encoders import JSONEncoder
 
 from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth
 from django_idempotency.conditional import (

@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, router
 from django.db.models import Q
 from django.utils import timezone
-from prometheus_client import REGISTRY, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
 
-from django_idempotency import signals
+from django_idempotency import _optional, signals
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+
+with _optional.requires("metrics", __name__):
+    from prometheus_client import REGISTRY, Counter, Histogram
+    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from drf_spectacular.drainage import warn
-from drf_spectacular.extensions import OpenApiViewExtension
-from drf_spectacular.plumbing import ResolvedComponent, get_class
+from django_idempotency import _optional
+
+# Named first: the openapi extra brings Django REST framework too.
+with _optional.requires("openapi", __name__):
+    from drf_spectacular.drainage import warn
+    from drf_spectacular.extensions import OpenApiViewExtension
+    from drf_spectacular.plumbing import ResolvedComponent, get_class
 
 from django_idempotency import problems
 from django_idempotency.conditional import CONDITIONAL_METHODS

@@ -5,13 +5,16 @@ Every task is safe to run on several workers at once and when beat fires twice.
 
 from __future__ import annotations
 
-from celery import shared_task
 from django.utils import timezone
 
+from django_idempotency import _optional
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox.processing import dispatch_due, process
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox.relaying import relay
+
+with _optional.requires("celery", __name__):
+    from celery import shared_task
 
 
 @shared_task(name="django_idempotency.purge_expired_keys", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types

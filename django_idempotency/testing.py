@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from django.http import HttpResponse, StreamingHttpResponse
 from django.test.utils import TestContextDecorator, override_settings
 
+from django_idempotency._optional import installed, missing
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
 from django_idempotency.engine import STATUS_HEADER
 
@@ -23,15 +24,13 @@ if TYPE_CHECKING:
     from django.utils.functional import Promise
     from rest_framework.response import _MonkeyPatchedResponse
     from rest_framework.test import APIClient as _APIClient
+elif installed("rest_framework"):
+    from rest_framework.test import APIClient as _APIClient
 else:
-    try:
-        from rest_framework.test import APIClient as _APIClient
-    except ImportError:  # pragma: no cover - DRF is installed wherever the tests run
 
-        class _APIClient:
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                msg = "IdempotentAPIClient needs Django REST framework (djangorestframework)."
-                raise ImportError(msg)
+    class _APIClient:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise missing("drf", "IdempotentAPIClient")
 
 
 __all__ = ["IdempotentAPIClient", "assert_idempotent", "idempotency_disabled"]

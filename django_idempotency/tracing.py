@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry import trace
+from django_idempotency import _optional, signals
 
-from django_idempotency import signals
+with _optional.requires("tracing", __name__):
+    from opentelemetry import trace
 
 
 def _annotate(*, outcome: str, key: str | None, attempt: int, overhead: float, **_: Any) -> None:

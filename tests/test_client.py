@@ -24,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 import requests
+from django.core.exceptions import ImproperlyConfigured
 from requests.adapters import HTTPAdapter
 
 from django_idempotency import client
@@ -1019,16 +1020,21 @@ def load_client(monkeypatch, *missing):
 def test_the_module_imports_without_httpx(monkeypatch):
     module = load_client(monkeypatch, "httpx")
     assert hasattr(module, "RetryAdapter")
-    assert not hasattr(module, "RetryTransport")
-    assert not hasattr(module, "AsyncRetryTransport")
+    for name in ("RetryTransport", "AsyncRetryTransport", "retrying_client"):
+        with pytest.raises(ImproperlyConfigured, match=f"{name} needs httpx.*pip install httpx"):
+            getattr(module, name)
+    with pytest.raises(AttributeError):
+        module.no_such_name  # noqa: B018
 
 
 def test_the_module_imports_without_requests(monkeypatch):
     module = load_client(monkeypatch, "requests", "requests.adapters")
     assert hasattr(module, "RetryTransport")
-    assert not hasattr(module, "RetryAdapter")
+    for name in ("RetryAdapter", "retrying_session"):
+        with pytest.raises(ImproperlyConfigured, match=f"{name} needs requests.*install requests"):
+            getattr(module, name)
 
 
 def test_the_module_needs_tenacity(monkeypatch):
-    with pytest.raises(ImportError, match=r"django-idempotency\[client\]"):
+    with pytest.raises(ImproperlyConfigured, match=r'pip install "django-idempotency\[client\]"'):
         load_client(monkeypatch, "tenacity")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
+from django_idempotency import _optional
 from django_idempotency.inbox.verifiers import StandardWebhooksSignature
 
 if TYPE_CHECKING:
@@ -128,6 +129,12 @@ class WebhookDispatcher:
         # One client per thread: its connections are reused from one message to the next.
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is None:
+            if not _optional.installed("httpx"):
+                msg = (
+                    "WebhookDispatcher needs httpx, not installed: "
+                    'pip install "django-idempotency[client]" httpx'
+                )
+                raise ImproperlyConfigured(msg)
             import httpx  # noqa: PLC0415 - an optional dependency
 
             from django_idempotency.client import RetryPolicy, RetryTransport  # noqa: PLC0415
@@ -153,7 +160,8 @@ class CeleryTaskDispatcher:
         return f"CeleryTaskDispatcher({self.task_name!r})"
 
     def __call__(self, message: OutboxMessage) -> None:
-        from celery import current_app  # noqa: PLC0415 - Celery is optional
+        with _optional.requires("celery", "CeleryTaskDispatcher"):
+            from celery import current_app  # noqa: PLC0415 - Celery is optional
 
         current_app.send_task(
             self.task_name,

@@ -1,0 +1,40 @@
+"""Run code as if an optional library were not installed."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from unittest import mock
+
+# The package's modules that import each optional library, directly or through another one.
+IMPORTED_BY = {
+    "rest_framework": ("drf", "openapi", "testing"),
+    "drf_spectacular": ("openapi",),
+    "celery": ("tasks",),
+    "tenacity": ("client",),
+    "httpx": ("client",),
+    "requests": ("client",),
+    "prometheus_client": ("metrics",),
+    "opentelemetry": ("tracing",),
+}
+
+
+@contextlib.contextmanager
+def without(*libraries: str):
+    """Make ``libraries`` (top-level names) unimportable, and their importers import afresh.
+
+    A ``None`` in ``sys.modules`` is what Python itself uses to block an import: importing the
+    library, or any module under it, raises ModuleNotFoundError, and ``find_spec`` of its name
+    answers None. Everything is put back on exit.
+    """
+    package = sys.modules["django_idempotency"].__dict__
+    with mock.patch.dict(sys.modules), mock.patch.dict(package):
+        for name in list(sys.modules):
+            if name.partition(".")[0] in libraries:
+                del sys.modules[name]
+        for library in libraries:
+            sys.modules[library] = None  # type: ignore[assignment]
+            for module in IMPORTED_BY.get(library, ()):
+                sys.modules.pop(f"django_idempotency.{module}", None)
+                package.pop(module, None)
+        yield
