@@ -8,10 +8,14 @@ passed to pytest. Coverage of both database runs is combined and checked.
 
 from __future__ import annotations
 
+import atexit
 import os
 import socket
 import subprocess
 import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -28,11 +32,35 @@ def postgres_reachable() -> bool:
         return False
 
 
+# Each pytest pass writes a JUnit report here; the totals of them all are printed last.
+REPORTS = Path(tempfile.mkdtemp(prefix="test-reports-"))
+TOTALS: Counter[str] = Counter()
+
+
 def run(title: str, command: list[str], cwd: Path = ROOT, **env: str) -> None:
     print(f"\n=== {title}", flush=True)
+    if "pytest" in command:
+        command = [*command, f"--junitxml={REPORTS / f'{len(list(REPORTS.iterdir()))}.xml'}"]
     completed = subprocess.run(command, cwd=cwd, env={**os.environ, **env}, check=False)
     if completed.returncode != 0:
         sys.exit(completed.returncode)
+
+
+def count(report: Path) -> None:
+    for suite in ET.parse(report).getroot().iter("testsuite"):  # noqa: S314 - our own file
+        tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
+        failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
+        TOTALS.update(passed=tests - skipped - failed, failed=failed, skipped=skipped)
+
+
+@atexit.register
+def print_totals() -> None:
+    """End with every pass's totals on one line, in pytest's words, failures included."""
+    for report in sorted(REPORTS.glob("*.xml")):
+        count(report)
+    passes = len(list(REPORTS.glob("*.xml")))
+    print(f"\n=== totals of {passes} test passes", flush=True)
+    print(f"{TOTALS['passed']} passed, {TOTALS['failed']} failed, {TOTALS['skipped']} skipped")
 
 
 def main(args: list[str]) -> None:
