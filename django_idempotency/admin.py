@@ -281,8 +281,11 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
         expired = obj is None or obj.expires_at <= timezone.now()
         return expired and _ModelAdmin.has_delete_permission(self, request, obj)
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    # Django 6.1 passes where the actions are shown (action_location) to an override that names
+    # the parameter, and deprecates one that does not; Django 5.2 passes nothing.
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        location = () if action_location is None else (action_location,)
+        actions = super().get_actions(request, *location)
         actions.pop("delete_selected", None)  # it would delete live keys too
         return actions
 
