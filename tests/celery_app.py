@@ -8,10 +8,13 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
+# Parallel runs on one machine keep apart by giving each its own database.
+REDIS_URL = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CELERY_DB', '14')}"
+
 app = Celery(
     "tests",
-    broker="redis://127.0.0.1:6379/14",
-    backend="redis://127.0.0.1:6379/14",
+    broker=REDIS_URL,
+    backend=REDIS_URL,
     include=["django_idempotency.tasks"],
 )
 app.conf.task_default_queue = "django-idempotency-tests"

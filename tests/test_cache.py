@@ -28,7 +28,10 @@ from tests.testapp.models import LedgerEntry, Payment
 REDIS = {"BACKEND": "django.core.cache.backends.redis.RedisCache"}
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "replay": {**REDIS, "LOCATION": "redis://127.0.0.1:6379/15"},
+    "replay": {
+        **REDIS,
+        "LOCATION": f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CACHE_DB', '15')}",
+    },
     "down": {**REDIS, "LOCATION": "redis://127.0.0.1:1/0"},
 }
 
