@@ -208,7 +208,7 @@ def _fit_scope(scope: str) -> str:
 
 
 @dataclass
-class _Keyed:
+class KeyedRequest:
     """A request with a valid key, once its scope and fingerprint are known."""
 
     request: HttpRequest
@@ -220,16 +220,10 @@ class _Keyed:
     route: str
     fingerprint: str
 
-    def claim_or_replay(
-        self, store: KeyStore, now: datetime, *, alone: bool
-    ) -> Claim | StoredResponse | Conflict:
-        """Claim the key, or replay the row that holds it, or say why neither can be done.
-
-        Run inside ``transaction.atomic``; ``alone`` if that transaction writes nothing else.
-        Raise ``KeyBusy`` if the wait on a concurrent request with the key timed out.
-        """
+    def new_key(self, now: datetime) -> NewKey:
+        """The key row this request claims at ``now``."""
         lease = self.policy.mode == "lease"
-        new = NewKey(
+        return NewKey(
             scope=self.scope,
             key=self.key,
             method=self.request.method or "",
@@ -240,15 +234,29 @@ class _Keyed:
             wait_timeout=self.policy.wait_timeout,
             locked_until=now + self.policy.lease_timeout if lease else None,
         )
-        claimed = store.claim_or_replay(new, alone=alone)
-        if isinstance(claimed, Claim):
-            return claimed
-        found = claimed or store.replay(
-            scope=self.scope, key=self.key, fingerprint=self.fingerprint, now=now, alone=alone
-        )
+
+    def decision(
+        self,
+        outcome: Outcome,
+        response: HttpResponseBase | None,
+        *,
+        attempt: int = 1,
+        error: Exception | None = None,
+    ) -> _Decision:
+        return _Decision(outcome, response, self.key, self.scope, self.route, attempt, error)
+
+    def settled(self, found: StoredResponse | Conflict) -> _Decision | None:
+        """The answer when another request holds the key: its stored response replayed, or a
+        mismatch if that request was a different one; ``None`` while it is still running."""
         if isinstance(found, StoredResponse):
-            self.remember(found, store.using)  # read-through
-        return found
+            return self.decision(
+                Outcome.REPLAYED, _replay_response(found), attempt=found.replay_count + 1
+            )
+        if found.fingerprint_matches:
+            return None
+        detail = "This key was already used with a different request."
+        mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
+        return self.decision(Outcome.MISMATCH, mismatch)
 
     @cached_property
     def cache(self) -> ReplayCache | None:
@@ -304,16 +312,6 @@ def _capture(response: HttpResponseBase) -> tuple[list[tuple[str, str]], bytes]:
     return headers, body
 
 
-def _answer_from(found: StoredResponse | Conflict) -> _Decision:
-    """Replay a completed row; a row holding another request is a mismatch."""
-    if isinstance(found, StoredResponse):
-        replay = _replay_response(found)
-        return _Decision(Outcome.REPLAYED, replay, attempt=found.replay_count + 1)
-    detail = "This key was already used with a different request."
-    mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
-    return _Decision(Outcome.MISMATCH, mismatch)
-
-
 def _release(store: KeyStore, claim: Claim) -> bool:
     """Mark a lease-mode key failed so that a retry runs again; never mask the real error.
 
@@ -345,13 +343,21 @@ def _replay_response(stored: StoredResponse) -> HttpResponse:
 
 
 class Engine:
-    """Claim → execute → store, or replay. ``clock`` and ``leases`` are injectable for tests."""
+    """Claim → execute → store, or replay.
+
+    ``clock``, ``leases`` and ``store`` are injectable for tests; without a store, each request
+    uses the database that the project's routers choose for writing keys.
+    """
 
     def __init__(
-        self, clock: Callable[[], datetime] = timezone.now, leases: LeaseKeeper = default_leases
+        self,
+        clock: Callable[[], datetime] = timezone.now,
+        leases: LeaseKeeper = default_leases,
+        store: KeyStore | None = None,
     ) -> None:
         self.clock = clock
         self.leases = leases
+        self.store = store
 
     def handle(
         self,
@@ -395,23 +401,21 @@ class Engine:
         view_request: Any,
     ) -> _Decision | None:
         keyed = self._identify(request, view, policy, view_request)
-        if not isinstance(keyed, _Keyed):
+        if not isinstance(keyed, KeyedRequest):
             return keyed  # a refusal; or None: no key, and the view does not require one
         try:
-            decision = self._run(keyed)
+            return self._run(keyed)
         except KeyBusy:
             detail = "A request with this key is still being processed; retry later."
             response = problems.problem_response(problems.IN_PROGRESS, detail)
-            decision = _Decision(Outcome.IN_PROGRESS, response)
+            return keyed.decision(Outcome.IN_PROGRESS, response)
         except DATABASE_UNAVAILABLE:
             # In atomic mode the transaction was rolled back with the key; in lease mode the
             # view's effect may have happened, and the key tells the retry so.
             response = unavailable_response(rolled_back=policy.mode == "atomic")
-            decision = _Decision(Outcome.UNAVAILABLE, response)
+            return keyed.decision(Outcome.UNAVAILABLE, response)
         except Exception as exc:  # reported, then re-raised by handle()
-            decision = _Decision(Outcome.NOT_STORED, None, error=exc)
-        decision.key, decision.scope, decision.route = keyed.key, keyed.scope, keyed.route
-        return decision
+            return keyed.decision(Outcome.NOT_STORED, None, error=exc)
 
     def _identify(
         self,
@@ -419,7 +423,7 @@ class Engine:
         view: Callable[[], HttpResponseBase],
         policy: Policy,
         view_request: Any,
-    ) -> _Keyed | _Decision | None:
+    ) -> KeyedRequest | _Decision | None:
         """Read the request's key, scope and fingerprint, or the answer that refuses it."""
         route = route_of(request)
         key = _key_of(request, policy, route)
@@ -443,60 +447,71 @@ class Engine:
             problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
             response = problems.problem_response(problem, str(exc))
             return _Decision(Outcome.INVALID, response, key, route=route)
-        return _Keyed(request, view, policy, view_request, key, scope, route, fingerprint)
+        return KeyedRequest(request, view, policy, view_request, key, scope, route, fingerprint)
 
-    def _run(self, keyed: _Keyed) -> _Decision:
+    def _run(self, keyed: KeyedRequest) -> _Decision:
         if keyed.cache is not None:
             cached = keyed.cache.get(
                 scope=keyed.scope, key=keyed.key, fingerprint=keyed.fingerprint, now=self.clock()
             )
             if cached is not None:
-                return _Decision(Outcome.REPLAYED, _replay_response(cached))
+                return keyed.decision(Outcome.REPLAYED, _replay_response(cached))
+        store = self.store or KeyStore(router.db_for_write(IdempotencyKey))
         if keyed.policy.mode == "lease":
-            return self._execute_lease(keyed)
-        return self._execute(keyed)
+            return self._execute_lease(keyed, store)
+        return self._execute(keyed, store)
 
-    def _execute(self, keyed: _Keyed) -> _Decision:
+    def _acquire(
+        self, keyed: KeyedRequest, store: KeyStore, *, relaxed_commit: bool
+    ) -> Claim | StoredResponse | Conflict:
+        """Ask the store for the key once; a response it replays goes to the cache too."""
+        found = store.acquire(keyed.new_key(self.clock()), relaxed_commit=relaxed_commit)
+        if isinstance(found, StoredResponse):
+            keyed.remember(found, store.using)  # read-through
+        return found
+
+    def _complete(
+        self, keyed: KeyedRequest, store: KeyStore, claim: Claim, response: HttpResponseBase
+    ) -> bool:
+        """Store the view's response on its claimed row, and in the replay cache once that
+        commits. ``False`` if another request took the key over meanwhile."""
+        headers, body = _capture(response)
+        status = response.status_code
+        if not store.complete(claim, status=status, headers=headers, body=body, now=self.clock()):
+            return False
+        keyed.remember(StoredResponse(status, headers, body, 0, claim.expires_at), store.using)
+        return True
+
+    def _execute(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
         """Atomic mode: claim, run and complete in one transaction with the view's writes."""
-        policy = keyed.policy
-        store = KeyStore(router.db_for_write(IdempotencyKey))
-        now = self.clock()
+        connection = transaction.get_connection(store.using)
         # Under ATOMIC_REQUESTS (or any enclosing transaction) a replay shares its commit with
         # writes that are not ours to make less durable.
-        alone = not transaction.get_connection(store.using).in_atomic_block
+        relaxed_commit = not connection.in_atomic_block
+        # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises an
+        # API error. A savepoint then undoes just the view's writes, and its answer is still
+        # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
+        savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
         with transaction.atomic(using=store.using):
-            claim = keyed.claim_or_replay(store, now, alone=alone)
+            claim = self._acquire(keyed, store, relaxed_commit=relaxed_commit)
             if not isinstance(claim, Claim):
-                if isinstance(claim, Conflict) and claim.fingerprint_matches:
+                # The store waited on the other request as long as the policy allows.
+                if (settled := keyed.settled(claim)) is None:
                     raise KeyBusy
-                return _answer_from(claim)
-
-            # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises
-            # an API error. A savepoint then undoes just the view's writes, and its answer is
-            # still stored with the key; without ATOMIC_REQUESTS it would cost round trips.
-            atomic_requests = bool(
-                transaction.get_connection(store.using).settings_dict.get("ATOMIC_REQUESTS")
-            )
-            with transaction.atomic(using=store.using, savepoint=atomic_requests):
+                return settled
+            with transaction.atomic(using=store.using, savepoint=savepoint):
                 response = keyed.view()
-            if not policy.stores(response.status_code) or transaction.get_rollback(store.using):
+            rolled_back = transaction.get_rollback(store.using)
+            if rolled_back or not keyed.policy.stores(response.status_code):
                 # Keep nothing, so that a retry runs on a clean slate.
                 transaction.set_rollback(True, using=store.using)
-                return _Decision(Outcome.NOT_STORED, response)
-            headers, body = _capture(response)
-            stored = store.complete(
-                claim, status=response.status_code, headers=headers, body=body, now=self.clock()
-            )
-            if not stored:  # pragma: no cover - the row is locked by this transaction
-                raise KeyBusy  # never commit an effect whose key could not be stored
-            keyed.remember(
-                StoredResponse(response.status_code, headers, body, 0, now + policy.ttl),
-                store.using,
-            )
+                return keyed.decision(Outcome.NOT_STORED, response)
+            if not self._complete(keyed, store, claim, response):  # pragma: no cover
+                raise KeyBusy  # the row is locked by this transaction; never commit without it
         response[STATUS_HEADER] = "stored"
-        return _Decision(Outcome.STORED, response)
+        return keyed.decision(Outcome.STORED, response)
 
-    def _execute_lease(self, keyed: _Keyed) -> _Decision:
+    def _execute_lease(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
         """Lease mode: commit the claim first, run the view under the lease, then store.
 
         For views whose effect leaves the database (a card charge): a duplicate sees the
@@ -505,8 +520,6 @@ class Engine:
         writes commit in one transaction with the completion, which the lease version fences:
         a request whose key was taken over keeps none of them.
         """
-        policy = keyed.policy
-        store = KeyStore(router.db_for_write(IdempotencyKey))
         if transaction.get_connection(store.using).in_atomic_block:
             msg = (
                 "Lease mode commits the key before the view runs, so the view must not run "
@@ -517,7 +530,7 @@ class Engine:
         claim = self._wait_for_claim(keyed, store)
         if not isinstance(claim, Claim):
             return claim
-        with self.leases.keep(store, claim, keyed.key, policy.lease_timeout):
+        with self.leases.keep(store, claim, keyed.key, keyed.policy.lease_timeout):
             try:
                 response, kept = self._run_fenced(keyed, store, claim)
             except Exception:
@@ -527,25 +540,25 @@ class Engine:
         if response is None or (not kept and not _release(store, claim)):
             return self._superseded(keyed, store)  # the key is no longer this request's
         if not kept:
-            return _Decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
+            return keyed.decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
         response[STATUS_HEADER] = "stored"
-        return _Decision(Outcome.STORED, response, attempt=claim.attempts)
+        return keyed.decision(Outcome.STORED, response, attempt=claim.attempts)
 
-    def _wait_for_claim(self, keyed: _Keyed, store: KeyStore) -> Claim | _Decision:
+    def _wait_for_claim(self, keyed: KeyedRequest, store: KeyStore) -> Claim | _Decision:
         """Claim the key; while a live request holds it, look again until the wait runs out."""
         deadline = time.monotonic() + keyed.policy.wait_timeout
         while True:
             with transaction.atomic(using=store.using):
-                found = keyed.claim_or_replay(store, self.clock(), alone=True)
+                found = self._acquire(keyed, store, relaxed_commit=True)
             if isinstance(found, Claim):
                 return found
-            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
-                return _answer_from(found)
+            if (settled := keyed.settled(found)) is not None:
+                return settled
             # A lease that runs out meanwhile is taken over by the claim itself.
             _pause_until(deadline)
 
     def _run_fenced(
-        self, keyed: _Keyed, store: KeyStore, claim: Claim
+        self, keyed: KeyedRequest, store: KeyStore, claim: Claim
     ) -> tuple[HttpResponseBase | None, bool]:
         """Run the view (or the recovery hook) and store its answer in one transaction.
 
@@ -564,19 +577,12 @@ class Engine:
             if not policy.stores(response.status_code):
                 transaction.set_rollback(True, using=store.using)
                 return response, False
-            headers, body = _capture(response)
-            if not store.complete(
-                claim, status=response.status_code, headers=headers, body=body, now=self.clock()
-            ):
+            if not self._complete(keyed, store, claim, response):
                 transaction.set_rollback(True, using=store.using)
                 return None, False
-            keyed.remember(
-                StoredResponse(response.status_code, headers, body, 0, self.clock() + policy.ttl),
-                store.using,
-            )
         return response, True
 
-    def _superseded(self, keyed: _Keyed, store: KeyStore) -> _Decision:
+    def _superseded(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
         """Answer a request whose key was taken over while it ran with the new owner's answer."""
         logger.error(
             "the lease on idempotency key %s was taken over while its request ran: its writes "
@@ -591,10 +597,10 @@ class Engine:
                     key=keyed.key,
                     fingerprint=keyed.fingerprint,
                     now=self.clock(),
-                    alone=True,
+                    relaxed_commit=True,
                 )
-            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
-                return _answer_from(found)
+            if (settled := keyed.settled(found)) is not None:
+                return settled
             _pause_until(deadline)
 
     def _log(self, decision: _Decision, duration: float, overhead: float) -> None:

@@ -57,6 +57,7 @@ class Claim:
     id: int
     lease_version: int
     attempts: int  # above 1: an earlier request with this key did not finish
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -293,6 +294,37 @@ class KeyStore:
     def _prep(self, name: str, value: Any) -> Any:
         return _field(name).get_db_prep_save(value, self.connection)
 
+    def acquire(
+        self, new: NewKey, *, relaxed_commit: bool = False
+    ) -> Claim | StoredResponse | Conflict:
+        """Claim the key; or replay the completed row that holds it; or say why neither can be.
+
+        Must run inside ``transaction.atomic``. Raises ``KeyBusy`` when the wait on a concurrent
+        request's uncommitted row is exceeded. ``relaxed_commit`` as for ``replay()``.
+        """
+        sql = self.sql.claim_or_replay_relaxed if relaxed_commit else self.sql.claim_or_replay
+        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
+            found: Claim | StoredResponse | None = self.claim(new)
+        else:
+            replay = self._replay_params(new.scope, new.key, new.fingerprint, new.now)
+            row = self._fetch(sql, [*self._claim_params(new), *replay])
+            found = None
+            if row is not None and row[0] is not None:
+                found = Claim(row[0], row[1], row[2], new.expires_at)
+            elif row is not None:
+                found = _stored(row[3:8])
+        if found is not None:
+            return found
+        # A live row holds the key, or a concurrent request committed it while this statement
+        # waited (then it is not in the statement's snapshot): a second look tells which.
+        return self.replay(
+            scope=new.scope,
+            key=new.key,
+            fingerprint=new.fingerprint,
+            now=new.now,
+            relaxed_commit=relaxed_commit,
+        )
+
     def claim(self, new: NewKey) -> Claim | None:
         """Insert the key row, or take over one that expired, failed or lost its lease.
 
@@ -302,25 +334,7 @@ class KeyStore:
         row = self._fetch(self.sql.claim, self._claim_params(new))
         if row is None:
             return None
-        return Claim(id=row[0], lease_version=row[1], attempts=row[2])
-
-    def claim_or_replay(self, new: NewKey, *, alone: bool = False) -> Claim | StoredResponse | None:
-        """Claim the key as ``claim()`` does or, if a live row holds it, replay that row.
-
-        One round trip on PostgreSQL. ``None`` when neither was done: then ``replay()`` says
-        why (the row is still running, or its fingerprint differs), or replays a row that a
-        concurrent request committed while this one waited. ``alone`` as for ``replay()``.
-        """
-        sql = self.sql.claim_or_replay_relaxed if alone else self.sql.claim_or_replay
-        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
-            return self.claim(new)
-        replay = self._replay_params(new.scope, new.key, new.fingerprint, new.now)
-        row = self._fetch(sql, [*self._claim_params(new), *replay])
-        if row is None:
-            return None
-        if row[0] is not None:
-            return Claim(id=row[0], lease_version=row[1], attempts=row[2])
-        return _stored(row[3:8])
+        return Claim(row[0], row[1], row[2], new.expires_at)
 
     def _claim_params(self, new: NewKey) -> list[Any]:
         prepared_now = self._prep("expires_at", new.now)
@@ -331,6 +345,7 @@ class KeyStore:
             prepared_now, prepared_now,
         ]  # fmt: skip
         if self.connection.vendor == "postgresql":
+            # PostgreSQL reads a lock_timeout of 0 as "wait forever": the shortest wait is 1 ms.
             params.insert(0, f"{max(1, round(new.wait_timeout * 1000))}ms")
         return params
 
@@ -350,16 +365,23 @@ class KeyStore:
             return cast("tuple[Any, ...] | None", cursor.fetchone())
 
     def replay(
-        self, *, scope: str, key: str, fingerprint: str, now: datetime, alone: bool = False
+        self,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        now: datetime,
+        relaxed_commit: bool = False,
     ) -> StoredResponse | Conflict:
         """Count a replay of the completed row and return its response, or say why not.
 
-        ``alone``: nothing else is written in this transaction, so its commit need not wait
-        for the disk (the count is all it would lose in a crash).
+        ``relaxed_commit``: nothing else is written in this transaction, so its commit need not
+        wait for the disk (the count is all it would lose in a crash).
         """
         params = self._replay_params(scope, key, fingerprint, now)
+        sql = self.sql.replay_relaxed if relaxed_commit else self.sql.replay
         with self.connection.cursor() as cursor:
-            cursor.execute(self.sql.replay_relaxed if alone else self.sql.replay, params)
+            cursor.execute(sql, params)
             row = cursor.fetchone()
         if row is not None:
             return _stored(row[:5])

@@ -259,25 +259,25 @@ def synchronous_commit():
         return cursor.fetchone()[0]
 
 
-@pytest.mark.parametrize("alone", [True, False])
-def test_only_a_replay_alone_in_its_transaction_commits_without_waiting_for_the_disk(alone):
+@pytest.mark.parametrize("relaxed", [True, False])
+def test_only_a_replay_alone_in_its_transaction_commits_without_waiting_for_the_disk(relaxed):
     store, now = KeyStore("default"), timezone.now()
     new = NewKey(
         scope="s", key="k", method="POST", route="r/", fingerprint="f" * 64,
         now=now, expires_at=now + timedelta(hours=1), wait_timeout=1,
     )  # fmt: skip
     with transaction.atomic():
-        claim = store.claim_or_replay(new, alone=alone)
+        claim = store.acquire(new, relaxed_commit=relaxed)
         # A claim's transaction commits the view's writes with the key: always durable.
         assert isinstance(claim, Claim)
         assert synchronous_commit() == "on"
         store.complete(claim, status=201, headers=[], body=b"{}", now=now)
     with transaction.atomic():
-        replayed = store.claim_or_replay(new, alone=alone)
+        replayed = store.acquire(new, relaxed_commit=relaxed)
         assert isinstance(replayed, StoredResponse)
         assert replayed.replay_count == 1
         # A replay's only write is its count: alone, its commit need not wait for the disk.
-        assert synchronous_commit() == ("off" if alone else "on")
+        assert synchronous_commit() == ("off" if relaxed else "on")
     assert synchronous_commit() == "on"
 
 
