@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
-from django_idempotency.conf import DEFAULTS, VALIDATORS
+from django_idempotency.conf import DEFAULTS, RULES
 from django_idempotency.store import SUPPORTED_VENDORS
 
 if TYPE_CHECKING:
@@ -46,13 +46,13 @@ def check_settings(
         )
         for name in sorted(set(user) - set(DEFAULTS))
     ]
-    for name, (check_id, validate) in VALIDATORS.items():
-        if name in user and (problem := validate(user[name])) is not None:
+    for name, rule in RULES.items():
+        if name in user and (problem := rule.problem(user[name])) is not None:
             messages.append(
                 Error(
                     f"IDEMPOTENCY['{name}'] {problem}; got {user[name]!r}.",
                     hint=f"Remove it to use the default, {DEFAULTS[name]!r}.",
-                    id=check_id,
+                    id=rule.check_id,
                 )
             )
     return messages
@@ -191,7 +191,7 @@ def check_lease(
 ) -> list[CheckMessage]:
     user = getattr(settings, "IDEMPOTENCY", {})
     lease = user.get("LEASE_TIMEOUT") if isinstance(user, dict) else None
-    if lease is None or VALIDATORS["LEASE_TIMEOUT"][1](lease) is not None:
+    if lease is None or RULES["LEASE_TIMEOUT"].problem(lease) is not None:
         return []  # the default, or an invalid value that E015 reports
     seconds = lease.total_seconds() if isinstance(lease, timedelta) else float(lease)
     if seconds >= MIN_LEASE_SECONDS:

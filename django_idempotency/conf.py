@@ -7,17 +7,16 @@ paths are imported once and remembered.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from functools import cache
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.module_loading import import_string
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+T = TypeVar("T")
 
 DEFAULTS: dict[str, Any] = {
     # Whether idempotent views handle keys at all; False makes them run as if undecorated.
@@ -110,8 +109,8 @@ def as_timedelta(value: Any, setting: str) -> timedelta:
     return result
 
 
-# Validators for each key: a message when the value is wrong, else None. The system checks,
-# every read of a setting and every per-view option use this one table.
+# What each key accepts: a message when the value is wrong, else None. The system checks,
+# every read of a setting and every per-view option use these, through RULES below.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 field-name
 
 
@@ -200,31 +199,70 @@ def _positive_int(value: Any) -> str | None:
     return "must be a positive whole number"
 
 
-VALIDATORS: dict[str, tuple[str, Callable[[Any], str | None]]] = {
-    "HEADER": ("django_idempotency.E003", _header),
-    "KEY_REQUIRED": ("django_idempotency.E004", _boolean),
-    "METHODS": ("django_idempotency.E005", _methods),
-    "TTL": ("django_idempotency.E006", _ttl),
-    "WAIT_TIMEOUT": ("django_idempotency.E007", _wait_timeout),
-    "SCOPE_FUNCTION": ("django_idempotency.E008", _scope_function),
-    "ANONYMOUS": ("django_idempotency.E009", _anonymous),
-    "FINGERPRINT_HEADERS": ("django_idempotency.E010", _fingerprint_headers),
-    "RETRYABLE_STATUS_CODES": ("django_idempotency.E011", _retryable_status_codes),
-    "MODE": ("django_idempotency.E014", _mode),
-    "LEASE_TIMEOUT": ("django_idempotency.E015", _ttl),
-    "CACHE": ("django_idempotency.E016", _cache),
-    "INBOX_RUNNER": ("django_idempotency.E017", _runner),
-    "INBOX_MAX_ATTEMPTS": ("django_idempotency.E018", _positive_int),
-    "INBOX_RETRY_DELAY": ("django_idempotency.E019", _ttl),
-    "INBOX_RETRY_MAX_DELAY": ("django_idempotency.E020", _ttl),
-    "INBOX_RETENTION": ("django_idempotency.E021", _ttl),
-    "OUTBOX_RUNNER": ("django_idempotency.E022", _runner),
-    "OUTBOX_MAX_ATTEMPTS": ("django_idempotency.E023", _positive_int),
-    "OUTBOX_RETRY_DELAY": ("django_idempotency.E024", _ttl),
-    "OUTBOX_RETRY_MAX_DELAY": ("django_idempotency.E025", _ttl),
-    "OUTBOX_RETENTION": ("django_idempotency.E026", _ttl),
-    "ENABLED": ("django_idempotency.E027", _boolean),
+def _seconds(value: timedelta | float) -> timedelta:
+    return value if isinstance(value, timedelta) else timedelta(seconds=value)
+
+
+def _upper(methods: Iterable[str]) -> frozenset[str]:
+    return frozenset(method.upper() for method in methods)
+
+
+def _callable(value: Any) -> Callable[..., Any]:
+    return resolve_callable(value, "SCOPE_FUNCTION")  # already validated
+
+
+class Rule(NamedTuple):
+    """How one setting is checked, and turned into the value the code uses once it passes."""
+
+    check_id: str
+    problem: Callable[[Any], str | None]  # a message when the value is wrong, else None
+    coerce: Callable[[Any], Any] = lambda value: value
+
+
+RULES: dict[str, Rule] = {
+    "HEADER": Rule("django_idempotency.E003", _header, str),
+    "KEY_REQUIRED": Rule("django_idempotency.E004", _boolean, bool),
+    "METHODS": Rule("django_idempotency.E005", _methods, _upper),
+    "TTL": Rule("django_idempotency.E006", _ttl, _seconds),
+    "WAIT_TIMEOUT": Rule("django_idempotency.E007", _wait_timeout, float),
+    "SCOPE_FUNCTION": Rule("django_idempotency.E008", _scope_function, _callable),
+    "ANONYMOUS": Rule("django_idempotency.E009", _anonymous),
+    "FINGERPRINT_HEADERS": Rule("django_idempotency.E010", _fingerprint_headers, tuple),
+    "RETRYABLE_STATUS_CODES": Rule("django_idempotency.E011", _retryable_status_codes, frozenset),
+    "MODE": Rule("django_idempotency.E014", _mode),
+    "LEASE_TIMEOUT": Rule("django_idempotency.E015", _ttl, _seconds),
+    "CACHE": Rule("django_idempotency.E016", _cache),
+    "INBOX_RUNNER": Rule("django_idempotency.E017", _runner),
+    "INBOX_MAX_ATTEMPTS": Rule("django_idempotency.E018", _positive_int, int),
+    "INBOX_RETRY_DELAY": Rule("django_idempotency.E019", _ttl, _seconds),
+    "INBOX_RETRY_MAX_DELAY": Rule("django_idempotency.E020", _ttl, _seconds),
+    "INBOX_RETENTION": Rule("django_idempotency.E021", _ttl, _seconds),
+    "OUTBOX_RUNNER": Rule("django_idempotency.E022", _runner),
+    "OUTBOX_MAX_ATTEMPTS": Rule("django_idempotency.E023", _positive_int, int),
+    "OUTBOX_RETRY_DELAY": Rule("django_idempotency.E024", _ttl, _seconds),
+    "OUTBOX_RETRY_MAX_DELAY": Rule("django_idempotency.E025", _ttl, _seconds),
+    "OUTBOX_RETENTION": Rule("django_idempotency.E026", _ttl, _seconds),
+    "ENABLED": Rule("django_idempotency.E027", _boolean, bool),
 }
+
+
+def checked(name: str, value: Any, label: str) -> Any:
+    """``value`` for setting ``name`` as the code uses it; a wrong one raises, naming ``label``."""
+    rule = RULES[name]
+    if (problem := rule.problem(value)) is not None:
+        msg = f"{label} {problem}; got {value!r}."
+        raise ImproperlyConfigured(msg)
+    return rule.coerce(value)
+
+
+class _Setting(Generic[T]):
+    """One key of ``IDEMPOTENCY``, read live, as the code uses it."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance: Any, owner: type) -> T:
+        return cast("T", instance.get(self.name))
 
 
 class IdempotencySettings:
@@ -238,110 +276,33 @@ class IdempotencySettings:
     def get(self, name: str) -> Any:
         """The value of setting ``name``; a wrong one raises, naming the setting."""
         user = self.user_settings
-        if name not in user:
-            return DEFAULTS[name]
-        value = user[name]
-        check_id, validate = VALIDATORS[name]
-        if (problem := validate(value)) is not None:
-            msg = f"IDEMPOTENCY['{name}'] {problem}; got {value!r} ({check_id})."
-            raise ImproperlyConfigured(msg)
-        return value
+        value = user.get(name, DEFAULTS[name])
+        label = f"IDEMPOTENCY['{name}'] ({RULES[name].check_id})"
+        return checked(name, value, label) if name in user else RULES[name].coerce(value)
 
-    @property
-    def ENABLED(self) -> bool:
-        return bool(self.get("ENABLED"))
-
-    @property
-    def HEADER(self) -> str:
-        return str(self.get("HEADER"))
-
-    @property
-    def KEY_REQUIRED(self) -> bool:
-        return bool(self.get("KEY_REQUIRED"))
-
-    @property
-    def METHODS(self) -> frozenset[str]:
-        return frozenset(method.upper() for method in self.get("METHODS"))
-
-    @property
-    def TTL(self) -> timedelta:
-        return as_timedelta(self.get("TTL"), "IDEMPOTENCY['TTL']")
-
-    @property
-    def WAIT_TIMEOUT(self) -> float:
-        return float(self.get("WAIT_TIMEOUT"))
-
-    @property
-    def SCOPE_FUNCTION(self) -> Callable[..., str]:
-        return resolve_callable(self.get("SCOPE_FUNCTION"), "IDEMPOTENCY['SCOPE_FUNCTION']")
-
-    @property
-    def ANONYMOUS(self) -> AnonymousPolicy:
-        return self.get("ANONYMOUS")  # type: ignore[no-any-return]
-
-    @property
-    def FINGERPRINT_HEADERS(self) -> tuple[str, ...]:
-        return tuple(self.get("FINGERPRINT_HEADERS"))
-
-    @property
-    def RETRYABLE_STATUS_CODES(self) -> frozenset[int]:
-        return frozenset(self.get("RETRYABLE_STATUS_CODES"))
-
-    @property
-    def MODE(self) -> Mode:
-        return self.get("MODE")  # type: ignore[no-any-return]
-
-    @property
-    def CACHE(self) -> str | None:
-        return self.get("CACHE")  # type: ignore[no-any-return]
-
-    @property
-    def LEASE_TIMEOUT(self) -> timedelta:
-        return as_timedelta(self.get("LEASE_TIMEOUT"), "IDEMPOTENCY['LEASE_TIMEOUT']")
-
-    @property
-    def INBOX_RUNNER(self) -> Runner:
-        return self.get("INBOX_RUNNER")  # type: ignore[no-any-return]
-
-    @property
-    def INBOX_MAX_ATTEMPTS(self) -> int:
-        return int(self.get("INBOX_MAX_ATTEMPTS"))
-
-    @property
-    def INBOX_RETRY_DELAY(self) -> timedelta:
-        return as_timedelta(self.get("INBOX_RETRY_DELAY"), "IDEMPOTENCY['INBOX_RETRY_DELAY']")
-
-    @property
-    def INBOX_RETRY_MAX_DELAY(self) -> timedelta:
-        return as_timedelta(
-            self.get("INBOX_RETRY_MAX_DELAY"), "IDEMPOTENCY['INBOX_RETRY_MAX_DELAY']"
-        )
-
-    @property
-    def INBOX_RETENTION(self) -> timedelta:
-        return as_timedelta(self.get("INBOX_RETENTION"), "IDEMPOTENCY['INBOX_RETENTION']")
-
-    @property
-    def OUTBOX_RUNNER(self) -> Runner:
-        return self.get("OUTBOX_RUNNER")  # type: ignore[no-any-return]
-
-    @property
-    def OUTBOX_MAX_ATTEMPTS(self) -> int:
-        return int(self.get("OUTBOX_MAX_ATTEMPTS"))
-
-    @property
-    def OUTBOX_RETRY_DELAY(self) -> timedelta:
-        return as_timedelta(self.get("OUTBOX_RETRY_DELAY"), "IDEMPOTENCY['OUTBOX_RETRY_DELAY']")
-
-    @property
-    def OUTBOX_RETRY_MAX_DELAY(self) -> timedelta:
-        return as_timedelta(
-            self.get("OUTBOX_RETRY_MAX_DELAY"), "IDEMPOTENCY['OUTBOX_RETRY_MAX_DELAY']"
-        )
-
-    @property
-    def OUTBOX_RETENTION(self) -> timedelta:
-        return as_timedelta(self.get("OUTBOX_RETENTION"), "IDEMPOTENCY['OUTBOX_RETENTION']")
+    ENABLED = _Setting[bool]()
+    HEADER = _Setting[str]()
+    KEY_REQUIRED = _Setting[bool]()
+    METHODS = _Setting[frozenset[str]]()
+    TTL = _Setting[timedelta]()
+    WAIT_TIMEOUT = _Setting[float]()
+    SCOPE_FUNCTION = _Setting[Callable[..., str]]()
+    ANONYMOUS = _Setting[AnonymousPolicy]()
+    FINGERPRINT_HEADERS = _Setting[tuple[str, ...]]()
+    RETRYABLE_STATUS_CODES = _Setting[frozenset[int]]()
+    MODE = _Setting[Mode]()
+    CACHE = _Setting[str | None]()
+    LEASE_TIMEOUT = _Setting[timedelta]()
+    INBOX_RUNNER = _Setting[Runner]()
+    INBOX_MAX_ATTEMPTS = _Setting[int]()
+    INBOX_RETRY_DELAY = _Setting[timedelta]()
+    INBOX_RETRY_MAX_DELAY = _Setting[timedelta]()
+    INBOX_RETENTION = _Setting[timedelta]()
+    OUTBOX_RUNNER = _Setting[Runner]()
+    OUTBOX_MAX_ATTEMPTS = _Setting[int]()
+    OUTBOX_RETRY_DELAY = _Setting[timedelta]()
+    OUTBOX_RETRY_MAX_DELAY = _Setting[timedelta]()
+    OUTBOX_RETENTION = _Setting[timedelta]()
 
 
 idempotency_settings = IdempotencySettings()

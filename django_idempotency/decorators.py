@@ -19,16 +19,17 @@ from django_idempotency.conditional import (
     etag_for_version,
     names_a_version,
 )
-from django_idempotency.engine import Engine, Policy, default_engine
+from django_idempotency.engine import Engine, default_engine
+from django_idempotency.policy import Policy, check_option_names
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
-    from datetime import timedelta
+    from collections.abc import Callable
+    from typing import Unpack
 
     from django.db.models import Model, QuerySet
     from django.http import HttpRequest, HttpResponseBase
 
-    from django_idempotency.engine import Recover
+    from django_idempotency.policy import Recover, ViewOptions
 
     ViewFunction = Callable[..., HttpResponseBase]
 
@@ -38,43 +39,28 @@ def idempotent(view: ViewFunction, /) -> ViewFunction: ...
 @overload
 def idempotent(
     *,
-    required: bool | None = None,
-    methods: Iterable[str] | None = None,
-    ttl: timedelta | float | None = None,
-    wait_timeout: float | None = None,
-    scope_function: Callable[[Any, str], str] | str | None = None,
-    fingerprint_headers: Iterable[str] | None = None,
-    retryable_status_codes: Iterable[int] | None = None,
-    mode: str | None = None,
-    lease_timeout: timedelta | float | None = None,
     recover: Recover | None = None,
     engine: Engine | None = None,
+    **options: Unpack[ViewOptions],
 ) -> Callable[[ViewFunction], ViewFunction]: ...
 def idempotent(
     view: ViewFunction | None = None,
     /,
     *,
-    required: bool | None = None,
-    methods: Iterable[str] | None = None,
-    ttl: timedelta | float | None = None,
-    wait_timeout: float | None = None,
-    scope_function: Callable[[Any, str], str] | str | None = None,
-    fingerprint_headers: Iterable[str] | None = None,
-    retryable_status_codes: Iterable[int] | None = None,
-    mode: str | None = None,
-    lease_timeout: timedelta | float | None = None,
     recover: Recover | None = None,
     engine: Engine | None = None,
+    **options: Unpack[ViewOptions],
 ) -> ViewFunction | Callable[[ViewFunction], ViewFunction]:
     """Make a view's unsafe methods idempotent by ``Idempotency-Key``.
 
-    Use bare (``@idempotent``) or with per-view options; an option left at ``None`` follows the
-    ``IDEMPOTENCY`` setting of the same name, read on each request. In lease mode,
+    Use bare (``@idempotent``) or with the options of ``ViewOptions``; an option left out (or
+    ``None``) follows its ``IDEMPOTENCY`` setting, read on each request. In lease mode,
     ``recover(request, key=..., attempt=...)`` is asked, before a key whose earlier request did
     not finish runs again, for the response to store if the effect already happened.
     For a class-based view, decorate ``as_view()`` or use
     ``method_decorator(idempotent, name="dispatch")``.
     """
+    check_option_names(options)
 
     def decorator(view_func: ViewFunction) -> ViewFunction:
         if _is_drf_view(view_func):
@@ -86,18 +72,7 @@ def idempotent(
             raise ImproperlyConfigured(msg)
 
         def handle(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
-            policy = Policy.from_settings(
-                required=required,
-                methods=methods,
-                ttl=ttl,
-                wait_timeout=wait_timeout,
-                scope_function=scope_function,
-                fingerprint_headers=fingerprint_headers,
-                retryable_status_codes=retryable_status_codes,
-                mode=mode,
-                lease_timeout=lease_timeout,
-                recover=recover,
-            )
+            policy = Policy.from_settings(recover, **options)
             return (engine or default_engine).handle(request, view, policy=policy, sender=view_func)
 
         if iscoroutinefunction(view_func):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +25,15 @@ from django_idempotency.conditional import (
     etag_for_version,
     names_a_version,
 )
-from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
+from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolve_callable
 from django_idempotency.engine import (
     DATABASE_UNAVAILABLE,
     Engine,
-    Policy,
     default_engine,
     unavailable_response,
 )
 from django_idempotency.fingerprint import buffer_body
+from django_idempotency.policy import SETTING_OF, Policy
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
@@ -75,19 +76,27 @@ class IdempotentMixin(_Base):
 
     def get_idempotency_policy(self) -> Policy:
         """Return the policy for this request; override to decide per request."""
+        options = {
+            name: getattr(self, f"idempotency_{name}")
+            for name in SETTING_OF
+            if name != "scope_function"
+        }
         return Policy.from_settings(
-            required=self.idempotency_required,
-            methods=self.idempotency_methods,
-            ttl=self.idempotency_ttl,
-            wait_timeout=self.idempotency_wait_timeout,
-            # Read from the class: a plain function stored there must not become a method.
-            scope_function=type(self).idempotency_scope_function,
-            fingerprint_headers=self.idempotency_fingerprint_headers,
-            retryable_status_codes=self.idempotency_retryable_status_codes,
-            mode=self.idempotency_mode,
-            lease_timeout=self.idempotency_lease_timeout,
-            recover=self._recover,
+            recover=self._recover, scope_function=self.get_idempotency_scope, **options
         )
+
+    def get_idempotency_scope(self, request: Request, route: str) -> str:
+        """The scope of this request's keys: two requests share a key only within one scope.
+
+        By default ``idempotency_scope_function``, else the ``SCOPE_FUNCTION`` setting; override
+        to scope keys by tenant, say, with ``self`` and the authenticated ``request`` at hand.
+        """
+        # Looked up on the class: a plain function stored there must not become a method.
+        function = inspect.getattr_static(self, "idempotency_scope_function")
+        if function is None:
+            return idempotency_settings.SCOPE_FUNCTION(request, route)
+        scope = resolve_callable(function, f"{type(self).__name__}.idempotency_scope_function")
+        return str(scope(request, route))
 
     def recover_idempotent_request(
         self, request: Request, *, key: str, attempt: int

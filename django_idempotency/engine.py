@@ -26,13 +26,7 @@ from django.utils import timezone
 
 from django_idempotency import problems, signals
 from django_idempotency.cache import ReplayCache
-from django_idempotency.conf import (
-    VALIDATORS,
-    Mode,
-    as_timedelta,
-    idempotency_settings,
-    resolve_callable,
-)
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
 from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.leases import LeaseKeeper
@@ -50,12 +44,12 @@ from django_idempotency.store import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import datetime, timedelta
+    from datetime import datetime
 
     from django.dispatch import Signal
     from django.http import HttpRequest
 
-    Recover = Callable[..., HttpResponseBase | None]
+    from django_idempotency.policy import Policy
 
 logger = logging.getLogger("django_idempotency")
 
@@ -97,70 +91,8 @@ _SIGNALS: dict[Outcome, Signal] = {
 }
 
 
-# Each policy field and the IDEMPOTENCY setting that gives its default.
-_SETTING_OF = {
-    "header": "HEADER",
-    "required": "KEY_REQUIRED",
-    "methods": "METHODS",
-    "ttl": "TTL",
-    "wait_timeout": "WAIT_TIMEOUT",
-    "scope_function": "SCOPE_FUNCTION",
-    "fingerprint_headers": "FINGERPRINT_HEADERS",
-    "retryable_status_codes": "RETRYABLE_STATUS_CODES",
-    "mode": "MODE",
-    "lease_timeout": "LEASE_TIMEOUT",
-    "cache": "CACHE",
-}
-
 # Lease mode: how often a duplicate looks again while the first request holds the lease.
 LEASE_POLL_SECONDS = 0.05
-
-
-@dataclass(frozen=True)
-class Policy:
-    """Everything the engine needs to know about one view, resolved at request time."""
-
-    header: str
-    required: bool
-    methods: frozenset[str]
-    ttl: timedelta
-    wait_timeout: float
-    scope_function: Callable[[Any, str], str]
-    fingerprint_headers: tuple[str, ...]
-    retryable_status_codes: frozenset[int]
-    mode: Mode
-    lease_timeout: timedelta
-    cache: str | None
-    # Lease mode: called as recover(request, key=..., attempt=...) before a key whose earlier
-    # request did not finish runs again; a response means "the effect already happened".
-    recover: Recover | None = None
-
-    @classmethod
-    def from_settings(cls, recover: Recover | None = None, **overrides: Any) -> Policy:
-        """Build a policy from ``IDEMPOTENCY``; an override of ``None`` keeps the setting."""
-        if unknown := set(overrides) - set(_SETTING_OF):
-            msg = f"Unknown idempotency options: {', '.join(sorted(unknown))}."
-            raise TypeError(msg)
-        values: dict[str, Any] = {}
-        for field, setting in _SETTING_OF.items():
-            value = overrides.get(field)
-            if value is None:
-                value = getattr(idempotency_settings, setting)
-            elif (problem := VALIDATORS[setting][1](value)) is not None:
-                msg = f"The view's {field} option {problem}; got {value!r}."
-                raise ImproperlyConfigured(msg)
-            values[field] = value
-        values["ttl"] = as_timedelta(values["ttl"], "ttl")
-        values["lease_timeout"] = as_timedelta(values["lease_timeout"], "lease_timeout")
-        values["scope_function"] = resolve_callable(values["scope_function"], "scope_function")
-        values["methods"] = frozenset(method.upper() for method in values["methods"])
-        values["fingerprint_headers"] = tuple(values["fingerprint_headers"])
-        values["retryable_status_codes"] = frozenset(values["retryable_status_codes"])
-        return cls(**values, recover=recover)
-
-    def stores(self, status: int) -> bool:
-        """Whether a response with this status is stored: 2xx, 3xx and deterministic 4xx."""
-        return status < 500 and status not in self.retryable_status_codes
 
 
 @dataclass

@@ -148,3 +148,10 @@ def test_decorated_twice_claims_once(client, key):
     assert first["Idempotency-Status"] == "stored"
     assert second["Idempotency-Status"] == "replayed"
     assert Payment.objects.count() == IdempotencyKey.objects.count() == 1
+
+
+def test_a_misspelt_option_is_refused_where_the_view_is_decorated():
+    from django_idempotency.decorators import idempotent  # noqa: PLC0415
+
+    with pytest.raises(TypeError, match="ttl_seconds"):
+        idempotent(ttl_seconds=60)

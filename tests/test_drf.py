@@ -439,6 +439,23 @@ class TestPerViewOptions:
         assert bob["Idempotency-Status"] == "replayed"
         assert IdempotencyKey.objects.get().scope == "tenant:t"
 
+    def test_get_idempotency_scope_decides_the_scope(self, client_alice, client_bob, key):
+        url = "/accounts/acme/payments/"
+        client_alice.send("POST", url, {"amount": 1}, key=key)
+        bob = client_bob.send("POST", url, {"amount": 1}, key=key)
+        other_account = client_bob.send("POST", "/accounts/other/payments/", {"amount": 1}, key=key)
+        assert bob["Idempotency-Status"] == "replayed"
+        assert other_account["Idempotency-Status"] == "stored"
+        scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+        assert scopes == {"account:acme", "account:other"}
+
+    def test_a_scope_function_that_cannot_be_imported_names_the_view(self, client_alice, key):
+        from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+        with pytest.raises(ImproperlyConfigured, match="UnimportableScopePaymentView"):
+            client_alice.send("POST", "/unimportable-scope/", {"amount": 1}, key=key)
+        assert effects() == (0, 0, 0)
+
     def test_a_string_where_a_list_belongs_is_an_error(self, client_alice, key):
         from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
 

@@ -12,8 +12,10 @@ from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.engine import Engine, Outcome, Policy, default_engine
+from django_idempotency.engine import Engine, Outcome, default_engine
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.policy import Policy
+from django_idempotency.store import KeyStore
 from tests.testapp.models import Payment
 
 pytestmark = pytest.mark.django_db
@@ -303,3 +305,27 @@ def test_a_bad_setting_raises_instead_of_switching_the_library_off(client_alice,
     with pytest.raises(ImproperlyConfigured, match=r"IDEMPOTENCY\['METHODS'\].*E005"):
         client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
     assert Payment.objects.count() == 0
+
+
+class CountingStore(KeyStore):
+    acquired = 0
+
+    def acquire(self, new, *, relaxed_commit=False):
+        self.acquired += 1
+        return super().acquire(new, relaxed_commit=relaxed_commit)
+
+
+@pytest.mark.django_db
+def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
+    store = CountingStore("default")
+    engine = Engine(store=store)
+
+    def send():
+        request = RequestFactory().post("/direct/", b"{}", content_type="application/json")
+        request.META["HTTP_IDEMPOTENCY_KEY"] = key
+        view = lambda: HttpResponse(status=201)  # noqa: E731
+        return engine.handle(request, view, policy=Policy.from_settings(), sender=None)
+
+    assert send()["Idempotency-Status"] == "stored"
+    assert send()["Idempotency-Status"] == "replayed"
+    assert store.acquired == 2

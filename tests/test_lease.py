@@ -288,7 +288,8 @@ class TestLeaseEdges:
         from django.http import HttpResponse  # noqa: PLC0415
         from django.test import RequestFactory  # noqa: PLC0415
 
-        from django_idempotency.engine import Engine, Policy  # noqa: PLC0415
+        from django_idempotency.engine import Engine  # noqa: PLC0415
+        from django_idempotency.policy import Policy  # noqa: PLC0415
 
         request = RequestFactory().post("/lease-direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key

@@ -31,6 +31,8 @@ urlpatterns = [
     path("template/", views.template_payment),
     path("per-tenant/", views.PerTenantPaymentView.as_view()),
     path("misconfigured/", views.MisconfiguredPaymentView.as_view()),
+    path("accounts/<str:account>/payments/", views.PerAccountPaymentView.as_view()),
+    path("unimportable-scope/", views.UnimportableScopePaymentView.as_view()),
     path("twice/", views.twice),
     path("lease/", views.LeasePaymentView.as_view()),
     path("text-note/", views.TextNoteView.as_view()),

@@ -213,8 +213,17 @@ class PerTenantPaymentView(PaymentView):
     idempotency_scope_function = tenant_scope
 
 
+class PerAccountPaymentView(PaymentView):
+    def get_idempotency_scope(self, request, route):
+        return f"account:{self.kwargs['account']}"
+
+
 class MisconfiguredPaymentView(PaymentView):
     idempotency_methods = "POST"
+
+
+class UnimportableScopePaymentView(PaymentView):
+    idempotency_scope_function = "tests.testapp.no_such_module.scope"
 
 
 twice = csrf_exempt(idempotent(idempotent(plain_payment)))
