@@ -26,14 +26,10 @@ from django_idempotency.conditional import (
     names_a_version,
 )
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolve_callable
-from django_idempotency.engine import (
-    DATABASE_UNAVAILABLE,
-    Engine,
-    default_engine,
-    unavailable_response,
-)
+from django_idempotency.engine import Engine, default_engine
 from django_idempotency.fingerprint import buffer_body
 from django_idempotency.policy import SETTING_OF, Policy
+from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

@@ -15,16 +15,14 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import InterfaceError, OperationalError, connections, router, transaction
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.db import router, transaction
 from django.utils import timezone
 
-from django_idempotency import problems, signals
+from django_idempotency import problems
 from django_idempotency.cache import ReplayCache
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
@@ -32,6 +30,14 @@ from django_idempotency.keys import InvalidKey, parse_key
 from django_idempotency.leases import LeaseKeeper
 from django_idempotency.leases import leases as default_leases
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.outcomes import Decision, Outcome, report
+from django_idempotency.responses import (
+    DATABASE_UNAVAILABLE,
+    STATUS_HEADER,
+    capture,
+    replay_response,
+    unavailable_response,
+)
 from django_idempotency.scope import AnonymousRejected
 from django_idempotency.store import (
     Claim,
@@ -46,86 +52,16 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
 
-    from django.dispatch import Signal
-    from django.http import HttpRequest
+    from django.http import HttpRequest, HttpResponseBase
 
     from django_idempotency.policy import Policy
 
 logger = logging.getLogger("django_idempotency")
 
-STATUS_HEADER = "Idempotency-Status"
 _HANDLED = "_django_idempotency_handled"
-REPLAYED_HEADER = "Idempotent-Replayed"
-
-# Never stored nor replayed: hop-by-hop headers (RFC 9110 section 7.6.1), headers a server
-# recomputes, and our own.
-_UNSTORED_HEADERS = frozenset(
-    {
-        "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-        "trailer", "transfer-encoding", "upgrade", "content-length", "date", "server",
-        "set-cookie", STATUS_HEADER.lower(), REPLAYED_HEADER.lower(),
-    }
-)  # fmt: skip
-
-
-class Outcome(StrEnum):
-    STORED = "stored"
-    REPLAYED = "replayed"
-    MISMATCH = "mismatch"
-    IN_PROGRESS = "in_progress"
-    MISSING = "missing"
-    INVALID = "invalid"
-    NOT_STORED = "not_stored"
-    UNAVAILABLE = "unavailable"
-
-
-_SIGNALS: dict[Outcome, Signal] = {
-    Outcome.STORED: signals.key_stored,
-    Outcome.REPLAYED: signals.key_replayed,
-    Outcome.MISMATCH: signals.payload_mismatch,
-    Outcome.IN_PROGRESS: signals.request_in_progress,
-    Outcome.MISSING: signals.key_missing,
-    Outcome.INVALID: signals.key_invalid,
-    Outcome.NOT_STORED: signals.response_not_stored,
-    Outcome.UNAVAILABLE: signals.database_unavailable,
-}
-
 
 # Lease mode: how often a duplicate looks again while the first request holds the lease.
 LEASE_POLL_SECONDS = 0.05
-
-
-@dataclass
-class _Decision:
-    outcome: Outcome
-    response: HttpResponseBase | None  # None when the view raised
-    key: str | None = None
-    scope: str | None = None
-    route: str | None = None
-    attempt: int = 1
-    error: Exception | None = None
-
-
-# Connection lost, server shutting down, deadlock, serialization failure: errors of the
-# database's operation rather than of the code, worth a retry.
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
-
-
-def unavailable_response(*, rolled_back: bool) -> HttpResponse:
-    """Log the current database error and answer 503 ``idempotency.unavailable``.
-
-    ``rolled_back`` says whether the engine's transaction held everything the view did, so
-    that the client can be told nothing was kept.
-    """
-    logger.warning("database unavailable", exc_info=True)
-    # Under ATOMIC_REQUESTS the request's own transaction is still open on a dead connection:
-    # mark it for rollback, or Django would try to commit it and answer 500 after all.
-    for connection in connections.all(initialized_only=True):
-        if connection.in_atomic_block:
-            connection.set_rollback(True)
-    detail = "The database could not complete the request"
-    detail += "; nothing was kept. Retry it." if rolled_back else ". Retry it."
-    return problems.problem_response(problems.UNAVAILABLE, detail)
 
 
 SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
@@ -174,15 +110,15 @@ class KeyedRequest:
         *,
         attempt: int = 1,
         error: Exception | None = None,
-    ) -> _Decision:
-        return _Decision(outcome, response, self.key, self.scope, self.route, attempt, error)
+    ) -> Decision:
+        return Decision(outcome, response, self.key, self.scope, self.route, attempt, error)
 
-    def settled(self, found: StoredResponse | Conflict) -> _Decision | None:
+    def settled(self, found: StoredResponse | Conflict) -> Decision | None:
         """The answer when another request holds the key: its stored response replayed, or a
         mismatch if that request was a different one; ``None`` while it is still running."""
         if isinstance(found, StoredResponse):
             return self.decision(
-                Outcome.REPLAYED, _replay_response(found), attempt=found.replay_count + 1
+                Outcome.REPLAYED, replay_response(found), attempt=found.replay_count + 1
             )
         if found.fingerprint_matches:
             return None
@@ -206,7 +142,7 @@ class KeyedRequest:
             )
 
 
-def _key_of(request: HttpRequest, policy: Policy, route: str) -> str | _Decision | None:
+def _key_of(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
     """The request's key; or the answer to a missing or malformed one; or None if optional."""
     raw_key = request.headers.get(policy.header)
     if raw_key is None:
@@ -214,34 +150,19 @@ def _key_of(request: HttpRequest, policy: Policy, route: str) -> str | _Decision
             return None
         detail = f"Send an {policy.header} header to make this request safe to retry."
         response = problems.problem_response(problems.KEY_MISSING, detail)
-        return _Decision(Outcome.MISSING, response, route=route)
+        return Decision(Outcome.MISSING, response, route=route)
     try:
         return parse_key(raw_key)
     except InvalidKey as exc:
         detail = f"The {policy.header} header is invalid: {exc}."
         response = problems.problem_response(problems.KEY_INVALID, detail)
-        return _Decision(Outcome.INVALID, response, route=route)
+        return Decision(Outcome.INVALID, response, route=route)
 
 
 def route_of(request: HttpRequest) -> str:
     """The URL pattern that matched ``request``, or its path if it was not resolved."""
     match = request.resolver_match
     return match.route if match is not None and match.route else request.path_info
-
-
-def _capture(response: HttpResponseBase) -> tuple[list[tuple[str, str]], bytes]:
-    """Return the headers and body to store, reading a streaming body into memory once."""
-    if callable(getattr(response, "render", None)):
-        response.render()  # type: ignore[attr-defined]
-    if isinstance(response, StreamingHttpResponse):
-        body = b"".join(response.streaming_content)  # type: ignore[arg-type]
-        response.streaming_content = [body]
-    else:
-        body = response.content  # type: ignore[attr-defined]
-    headers = [
-        (name, value) for name, value in response.items() if name.lower() not in _UNSTORED_HEADERS
-    ]
-    return headers, body
 
 
 def _release(store: KeyStore, claim: Claim) -> bool:
@@ -262,16 +183,6 @@ def _pause_until(deadline: float) -> None:
     if remaining <= 0:
         raise KeyBusy
     time.sleep(min(LEASE_POLL_SECONDS, remaining))
-
-
-def _replay_response(stored: StoredResponse) -> HttpResponse:
-    response = HttpResponse(stored.body, status=stored.status)
-    del response["Content-Type"]
-    for name, value in stored.headers:
-        response[name] = value
-    response[STATUS_HEADER] = "replayed"
-    response[REPLAYED_HEADER] = "true"
-    return response
 
 
 class Engine:
@@ -319,7 +230,7 @@ class Engine:
         if decision is None:
             return view()
         duration = time.perf_counter() - started
-        self._report(decision, sender, view_request or request, duration, timed_view.seconds)
+        report(decision, sender, view_request or request, duration, timed_view.seconds)
         if decision.error is not None:
             raise decision.error
         assert decision.response is not None  # noqa: S101 - for the type checker
@@ -331,7 +242,7 @@ class Engine:
         view: Callable[[], HttpResponseBase],
         policy: Policy,
         view_request: Any,
-    ) -> _Decision | None:
+    ) -> Decision | None:
         keyed = self._identify(request, view, policy, view_request)
         if not isinstance(keyed, KeyedRequest):
             return keyed  # a refusal; or None: no key, and the view does not require one
@@ -355,7 +266,7 @@ class Engine:
         view: Callable[[], HttpResponseBase],
         policy: Policy,
         view_request: Any,
-    ) -> KeyedRequest | _Decision | None:
+    ) -> KeyedRequest | Decision | None:
         """Read the request's key, scope and fingerprint, or the answer that refuses it."""
         route = route_of(request)
         key = _key_of(request, policy, route)
@@ -366,11 +277,11 @@ class Engine:
         except AnonymousRejected:
             detail = f"Authenticate to send an {policy.header} header to this endpoint."
             response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
-            return _Decision(Outcome.INVALID, response, key, route=route)
+            return Decision(Outcome.INVALID, response, key, route=route)
         except DATABASE_UNAVAILABLE:
             # Resolving the principal may be the request's first query (a lazy request.user).
             response = unavailable_response(rolled_back=True)
-            return _Decision(Outcome.UNAVAILABLE, response, key, route=route)
+            return Decision(Outcome.UNAVAILABLE, response, key, route=route)
         try:
             fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
         except UnreadableBody as exc:
@@ -378,16 +289,16 @@ class Engine:
             unread = isinstance(exc, LengthRequired)
             problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
             response = problems.problem_response(problem, str(exc))
-            return _Decision(Outcome.INVALID, response, key, route=route)
+            return Decision(Outcome.INVALID, response, key, route=route)
         return KeyedRequest(request, view, policy, view_request, key, scope, route, fingerprint)
 
-    def _run(self, keyed: KeyedRequest) -> _Decision:
+    def _run(self, keyed: KeyedRequest) -> Decision:
         if keyed.cache is not None:
             cached = keyed.cache.get(
                 scope=keyed.scope, key=keyed.key, fingerprint=keyed.fingerprint, now=self.clock()
             )
             if cached is not None:
-                return keyed.decision(Outcome.REPLAYED, _replay_response(cached))
+                return keyed.decision(Outcome.REPLAYED, replay_response(cached))
         store = self.store or KeyStore(router.db_for_write(IdempotencyKey))
         if keyed.policy.mode == "lease":
             return self._execute_lease(keyed, store)
@@ -407,14 +318,14 @@ class Engine:
     ) -> bool:
         """Store the view's response on its claimed row, and in the replay cache once that
         commits. ``False`` if another request took the key over meanwhile."""
-        headers, body = _capture(response)
+        headers, body = capture(response)
         status = response.status_code
         if not store.complete(claim, status=status, headers=headers, body=body, now=self.clock()):
             return False
         keyed.remember(StoredResponse(status, headers, body, 0, claim.expires_at), store.using)
         return True
 
-    def _execute(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
+    def _execute(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
         """Atomic mode: claim, run and complete in one transaction with the view's writes."""
         connection = transaction.get_connection(store.using)
         # Under ATOMIC_REQUESTS (or any enclosing transaction) a replay shares its commit with
@@ -443,7 +354,7 @@ class Engine:
         response[STATUS_HEADER] = "stored"
         return keyed.decision(Outcome.STORED, response)
 
-    def _execute_lease(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
+    def _execute_lease(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
         """Lease mode: commit the claim first, run the view under the lease, then store.
 
         For views whose effect leaves the database (a card charge): a duplicate sees the
@@ -476,7 +387,7 @@ class Engine:
         response[STATUS_HEADER] = "stored"
         return keyed.decision(Outcome.STORED, response, attempt=claim.attempts)
 
-    def _wait_for_claim(self, keyed: KeyedRequest, store: KeyStore) -> Claim | _Decision:
+    def _wait_for_claim(self, keyed: KeyedRequest, store: KeyStore) -> Claim | Decision:
         """Claim the key; while a live request holds it, look again until the wait runs out."""
         deadline = time.monotonic() + keyed.policy.wait_timeout
         while True:
@@ -514,7 +425,7 @@ class Engine:
                 return None, False
         return response, True
 
-    def _superseded(self, keyed: KeyedRequest, store: KeyStore) -> _Decision:
+    def _superseded(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
         """Answer a request whose key was taken over while it ran with the new owner's answer."""
         logger.error(
             "the lease on idempotency key %s was taken over while its request ran: its writes "
@@ -534,53 +445,6 @@ class Engine:
             if (settled := keyed.settled(found)) is not None:
                 return settled
             _pause_until(deadline)
-
-    def _log(self, decision: _Decision, duration: float, overhead: float) -> None:
-        scope_hash = (
-            hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
-        )
-        # Never the body, never a header value: only what identifies the decision.
-        logger.info(
-            "idempotency %s: key=%s route=%s",
-            decision.outcome,
-            decision.key,
-            decision.route,
-            extra={
-                "idempotency_outcome": str(decision.outcome),
-                "idempotency_key": decision.key,
-                "idempotency_scope": scope_hash,
-                "idempotency_route": decision.route,
-                "idempotency_attempt": decision.attempt,
-                "idempotency_duration_ms": round(duration * 1000, 3),
-                "idempotency_overhead_ms": round(overhead * 1000, 3),
-                "status_code": decision.response.status_code if decision.response else None,
-            },
-        )
-
-    def _report(
-        self,
-        decision: _Decision,
-        sender: Any,
-        view_request: Any,
-        duration: float,
-        view_seconds: float,
-    ) -> None:
-        overhead = max(0.0, duration - view_seconds)
-        if logger.isEnabledFor(logging.INFO):
-            self._log(decision, duration, overhead)
-        # The decision is made (and maybe committed): a failing receiver must not undo the answer.
-        signals.send_robustly(
-            _SIGNALS[decision.outcome],
-            sender,
-            request=view_request,
-            key=decision.key,
-            scope=decision.scope,
-            route=decision.route,
-            response=decision.response,
-            outcome=str(decision.outcome),
-            attempt=decision.attempt,
-            overhead=overhead,
-        )
 
 
 class _TimedView:

@@ -25,7 +25,7 @@ from django_idempotency import problems
 from django_idempotency.conditional import CONDITIONAL_METHODS
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
-from django_idempotency.engine import REPLAYED_HEADER, STATUS_HEADER
+from django_idempotency.responses import REPLAYED_HEADER, STATUS_HEADER
 
 if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema

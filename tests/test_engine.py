@@ -12,8 +12,9 @@ from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.engine import Engine, Outcome, default_engine
+from django_idempotency.engine import Engine, default_engine
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.outcomes import Outcome
 from django_idempotency.policy import Policy
 from django_idempotency.store import KeyStore
 from tests.testapp.models import Payment
