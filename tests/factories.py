@@ -78,8 +78,8 @@ class IdempotencyKeyFactory(factory.django.DjangoModelFactory):
         lease_expired = factory.Trait(
             state=IdempotencyKey.State.IN_PROGRESS, locked_until=_ago(SOON)
         )
-        # Past its expiry: purged, or taken over by the next request.
-        expired = factory.Trait(expires_at=_ago(timedelta(hours=1)))
+        # Made a day and an hour ago: expired an hour ago, so purged or taken over.
+        expired = factory.Trait(created_at=_ago(timedelta(hours=25)))
 
 
 def _payload_hash(event):
