@@ -8,9 +8,7 @@ from django.contrib.auth.models import Permission
 
 from django_idempotency import admin as admin_module
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
-from django_idempotency.outbox import publish
-from django_idempotency.outbox import relaying as outbox_relaying
-from tests.factories import IdempotencyKeyFactory, UserFactory
+from tests.factories import IdempotencyKeyFactory, OutboxMessageFactory, UserFactory
 from tests.inbox import deliver, refund_event
 from tests.testapp import outbox as test_outbox
 from tests.testapp.models import Refund
@@ -268,16 +266,18 @@ OUTBOX = "/admin/django_idempotency/outboxmessage/"
 
 
 @pytest.fixture
-def outbox_messages(monkeypatch):
+def outbox_messages():
     """A dispatched message and a dead one."""
-    monkeypatch.setattr(outbox_relaying, "trigger", lambda: None)
-    sent = publish("tests.recorded", {"amount": 42}, headers={"X-Tenant": "acme"})
-    dead = publish("tests.failing", {"fail_times": "always"})
-    OutboxMessage.objects.filter(pk=sent.pk).update(status="dispatched", next_attempt_at=None)
-    OutboxMessage.objects.filter(pk=dead.pk).update(
-        status="dead", next_attempt_at=None, attempts=10, last_error="ConnectionError: down"
+    sent = OutboxMessageFactory(
+        topic="tests.recorded", payload={"amount": 42}, headers={"X-Tenant": "acme"}, sent=True
     )
-    monkeypatch.undo()
+    dead = OutboxMessageFactory(
+        topic="tests.failing",
+        payload={"fail_times": "always"},
+        dead=True,
+        attempts=10,
+        last_error="ConnectionError: down",
+    )
     return {"sent": sent, "dead": dead}
 
 
