@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
-from django.utils import timezone
 
 from django_idempotency import admin as admin_module
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
-from django_idempotency.outbox import publish
-from django_idempotency.outbox import relaying as outbox_relaying
-from tests.factories import UserFactory
+from tests.factories import IdempotencyKeyFactory, OutboxMessageFactory, UserFactory
 from tests.inbox import deliver, refund_event
 from tests.testapp import outbox as test_outbox
 from tests.testapp.models import Refund
@@ -33,17 +28,13 @@ def admin_client(client):
 def stored(client_alice):
     """A completed key with a JSON response, an expired key and a key with a binary body."""
     client_alice.send("POST", "/payments/", {"amount": 1250}, key="live-key")
-    expired = IdempotencyKey.objects.get(key="live-key")
-    expired.pk = None
-    expired.key = "old-key"
-    expired.expires_at = timezone.now() - timedelta(hours=1)
-    expired.save()
-    binary = IdempotencyKey.objects.get(key="live-key")
-    binary.pk = None
-    binary.key = "binary-key"
-    binary.response_headers = [["Content-Type", "application/pdf"]]
-    binary.response_body = b"%PDF-" + bytes(2000)
-    binary.save()
+    IdempotencyKeyFactory(key="old-key", completed=True, expired=True)
+    IdempotencyKeyFactory(
+        key="binary-key",
+        completed=True,
+        response_headers=[["Content-Type", "application/pdf"]],
+        response_body=b"%PDF-" + bytes(2000),
+    )
     return IdempotencyKey.objects.get(key="live-key")
 
 
@@ -118,18 +109,14 @@ def test_a_user_who_may_only_view_sees_no_actions(client, stored):
 
 
 def test_keys_without_a_response_or_with_text_or_broken_json(admin_client, stored):
-    pending = IdempotencyKey.objects.get(key="live-key")
-    pending.pk, pending.key = None, "pending-key"
-    pending.response_headers, pending.response_body = None, None
-    pending.save()
-    text = IdempotencyKey.objects.get(key="live-key")
-    text.pk, text.key = None, "text-key"
-    text.response_headers, text.response_body = [["Content-Type", "text/plain"]], b"plain <b>"
-    text.save()
-    broken = IdempotencyKey.objects.get(key="live-key")
-    broken.pk, broken.key = None, "broken-key"
-    broken.response_body = b"{not json"
-    broken.save()
+    IdempotencyKeyFactory(key="pending-key")
+    IdempotencyKeyFactory(
+        key="text-key",
+        completed=True,
+        response_headers=[["Content-Type", "text/plain"]],
+        response_body=b"plain <b>",
+    )
+    IdempotencyKeyFactory(key="broken-key", completed=True, response_body=b"{not json")
 
     def page(key):
         pk = IdempotencyKey.objects.get(key=key).pk
@@ -141,14 +128,8 @@ def test_keys_without_a_response_or_with_text_or_broken_json(admin_client, store
 
 
 def test_stuck_leases_are_found_and_released(admin_client, stored):
-    stuck = IdempotencyKey.objects.get(key="live-key")
-    stuck.pk, stuck.key, stuck.state = None, "stuck-key", IdempotencyKey.State.IN_PROGRESS
-    stuck.locked_until = timezone.now() - timedelta(minutes=1)
-    stuck.save()
-    held = IdempotencyKey.objects.get(key="stuck-key")
-    held.pk, held.key = None, "held-key"
-    held.locked_until = timezone.now() + timedelta(minutes=1)
-    held.save()
+    IdempotencyKeyFactory(key="stuck-key", lease_expired=True)
+    IdempotencyKeyFactory(key="held-key", leased=True)
 
     found = admin_client.get(CHANGELIST, {"lease": "expired"}).context["cl"].result_list
     assert [key.key for key in found] == ["stuck-key"]
@@ -285,16 +266,18 @@ OUTBOX = "/admin/django_idempotency/outboxmessage/"
 
 
 @pytest.fixture
-def outbox_messages(monkeypatch):
+def outbox_messages():
     """A dispatched message and a dead one."""
-    monkeypatch.setattr(outbox_relaying, "trigger", lambda: None)
-    sent = publish("tests.recorded", {"amount": 42}, headers={"X-Tenant": "acme"})
-    dead = publish("tests.failing", {"fail_times": "always"})
-    OutboxMessage.objects.filter(pk=sent.pk).update(status="dispatched", next_attempt_at=None)
-    OutboxMessage.objects.filter(pk=dead.pk).update(
-        status="dead", next_attempt_at=None, attempts=10, last_error="ConnectionError: down"
+    sent = OutboxMessageFactory(
+        topic="tests.recorded", payload={"amount": 42}, headers={"X-Tenant": "acme"}, sent=True
     )
-    monkeypatch.undo()
+    dead = OutboxMessageFactory(
+        topic="tests.failing",
+        payload={"fail_times": "always"},
+        dead=True,
+        attempts=10,
+        last_error="ConnectionError: down",
+    )
     return {"sent": sent, "dead": dead}
 
 

@@ -31,6 +31,7 @@ from django_idempotency.inbox import processing as inbox_processing
 from django_idempotency.inbox.handlers import get_handler, unregister
 from django_idempotency.inbox.processing import DISPATCH_GRACE, payload_hash
 from django_idempotency.models import InboxEvent
+from tests.factories import InboxEventFactory
 from tests.inbox import deliver, refund_event
 from tests.test_store import in_threads
 from tests.testapp.models import Refund
@@ -195,8 +196,10 @@ def test_an_attempt_whose_worker_died_counts_and_the_event_is_retried(monkeypatc
 
 @override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 2})
 def test_an_event_that_kills_its_worker_every_time_ends_dead():
-    pk = receive("tests", "evt_1", "refund.succeeded", refund_event(fail="always")).event.pk
-    InboxEvent.objects.filter(pk=pk).update(status="processing", attempts=2, last_error="")
+    # Its worker died during attempt 2.
+    pk = InboxEventFactory(
+        event_type="refund.succeeded", payload=refund_event(fail="always"), claimed=True, attempts=2
+    ).pk
 
     with _collect(signals.inbox_event_dead) as dead:
         assert process(pk) is Outcome.DEAD
@@ -208,8 +211,7 @@ def test_an_event_that_kills_its_worker_every_time_ends_dead():
 
 
 def test_an_attempt_taken_over_between_its_two_transactions_leaves_the_event_alone():
-    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
-    InboxEvent.objects.filter(pk=pk).update(status="received", attempts=0)
+    pk = InboxEventFactory(event_id="evt_1").pk
     first = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
     second = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
 
@@ -221,9 +223,8 @@ def test_an_attempt_taken_over_between_its_two_transactions_leaves_the_event_alo
 def test_purge_deletes_old_processed_events_only():
     old = timezone.now() - timedelta(days=40)
     for n, status in enumerate(["processed", "processed", "failed", "dead", "processed"]):
-        pk = receive("tests", f"evt_{n}", "customer.created", {"n": n}).event.pk
         processed_at = old if n < 4 else timezone.now()
-        InboxEvent.objects.filter(pk=pk).update(status=status, processed_at=processed_at)
+        InboxEventFactory(event_id=f"evt_{n}", status=status, processed_at=processed_at)
 
     purged = InboxEvent.objects.purge_processed(
         older_than=timezone.now() - timedelta(days=30), batch_size=1
@@ -418,8 +419,7 @@ def test_the_tasks_and_the_command_run_in_process(monkeypatch):
     monkeypatch.setattr(inbox_processing, "dispatch", lambda pk: None)
     pk = receive("tests", "evt_1", "refund.succeeded", refund_event()).event.pk
     monkeypatch.undo()
-    old = receive("tests", "evt_old", "customer.created", {"id": "evt_old"}).event
-    InboxEvent.objects.filter(pk=old.pk).update(processed_at=timezone.now() - timedelta(days=31))
+    InboxEventFactory(old=True)
 
     assert tasks.process_inbox_event(pk) == "processed"
     assert tasks.dispatch_due_inbox_events() == 0
@@ -435,8 +435,7 @@ def test_the_tasks_and_the_command_run_in_process(monkeypatch):
 
 
 def test_a_purge_stops_at_its_time_limit():
-    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
-    InboxEvent.objects.filter(pk=pk).update(processed_at=timezone.now() - timedelta(days=31))
+    InboxEventFactory(old=True)
 
     assert InboxEvent.objects.purge_processed(older_than=timezone.now(), max_seconds=0) == 0
     assert InboxEvent.objects.purge_processed(older_than=timezone.now()) == 1

@@ -22,6 +22,7 @@ from django_idempotency.engine import Engine
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import KeyStore, NewKey
 from tests.conftest import ApiClient
+from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Charge, Payment
 from tests.testapp.views import LeasePaymentView, RecoveringLeasePaymentView
 
@@ -323,13 +324,10 @@ def test_the_sweep_command_and_task():
 
     from django_idempotency.tasks import sweep_expired_leases  # noqa: PLC0415
 
-    store = KeyStore("default")
-    past = timezone.now() - timedelta(minutes=5)
-    for key in ("a", "b", "c"):
-        claim(store, key, past)
+    IdempotencyKeyFactory.create_batch(3, lease_expired=True)
     out = StringIO()
     call_command("idempotency_sweep", stdout=out)
     assert out.getvalue().strip() == "Swept 3 expired leases."
     assert set(IdempotencyKey.objects.values_list("state", "lease_version")) == {("failed", 2)}
-    claim(store, "d", past)
+    IdempotencyKeyFactory(lease_expired=True)
     assert sweep_expired_leases.apply().get() == 1

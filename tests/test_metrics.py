@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY, generate_latest
 
-from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from tests.factories import IdempotencyKeyFactory, InboxEventFactory, OutboxMessageFactory
 from tests.inbox import deliver, refund_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,17 +60,10 @@ def test_inbox_steps_are_counted_by_source():
 
 def test_the_backlog_is_read_from_the_database_at_each_scrape():
     now = timezone.now()
-    IdempotencyKey.objects.create(
-        scope="s", key="stuck", method="POST", route="r/", fingerprint="f" * 64,
-        state=IdempotencyKey.State.IN_PROGRESS, created_at=now, expires_at=now + timedelta(days=1),
-        locked_until=now - timedelta(minutes=1),
-    )  # fmt: skip
-    InboxEvent.objects.create(
-        source="tests", event_id="e1", event_type="t", payload={}, payload_hash="h",
-        status=InboxEvent.Status.DEAD,
-    )  # fmt: skip
-    OutboxMessage.objects.create(topic="t", payload={}, status=OutboxMessage.Status.DEAD)
-    OutboxMessage.objects.create(topic="t", payload={}, next_attempt_at=now - timedelta(seconds=1))
+    IdempotencyKeyFactory(lease_expired=True)
+    InboxEventFactory(dead=True)
+    OutboxMessageFactory(dead=True)
+    OutboxMessageFactory(next_attempt_at=now - timedelta(seconds=1))
 
     assert sample("django_idempotency_stuck_leases") == 1
     assert sample("django_idempotency_inbox_dead_events") == 1

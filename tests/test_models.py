@@ -7,6 +7,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyKey
+from tests.factories import IdempotencyKeyFactory
 
 
 @pytest.mark.parametrize(
@@ -31,5 +32,5 @@ def test_the_key_table_has_named_constraints_and_indexes():
 
 
 def test_str():
-    key = IdempotencyKey(key="abc", method="POST", route="payments/")
+    key = IdempotencyKeyFactory.build(key="abc", method="POST", route="payments/")
     assert str(key) == "abc (POST payments/)"

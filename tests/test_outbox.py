@@ -40,6 +40,7 @@ from django_idempotency.outbox import (
 )
 from django_idempotency.outbox import relaying as outbox_relay
 from django_idempotency.outbox.dispatchers import get_dispatcher, unregister
+from tests.factories import OutboxMessageFactory
 from tests.test_store import in_threads
 from tests.testapp import outbox as test_outbox
 from tests.testapp.models import Refund
@@ -167,15 +168,10 @@ def test_messages_with_an_ordering_key_leave_one_at_a_time_in_order(periodic_onl
 
 def test_purge_deletes_old_dispatched_messages_and_never_an_unsent_one(periodic_only):
     year_ago = timezone.now() - timedelta(days=365)
-    for _ in range(4):
-        publish("tests.recorded", {})
-    pks = list(OutboxMessage.objects.order_by("pk").values_list("pk", flat=True))
-    OutboxMessage.objects.update(created_at=year_ago)
-    OutboxMessage.objects.filter(pk=pks[1]).update(status="dead", next_attempt_at=None)
-    OutboxMessage.objects.filter(pk__in=pks[2:]).update(
-        status="dispatched", next_attempt_at=None, dispatched_at=year_ago
-    )
-    OutboxMessage.objects.filter(pk=pks[3]).update(dispatched_at=timezone.now())
+    OutboxMessageFactory(created_at=year_ago)
+    OutboxMessageFactory(created_at=year_ago, dead=True)
+    OutboxMessageFactory(created_at=year_ago, sent=True)
+    OutboxMessageFactory(created_at=year_ago, sent=True, dispatched_at=timezone.now())
 
     purged = tasks.purge_dispatched_outbox_messages()
 
@@ -248,7 +244,7 @@ def test_dispatchers_register_per_topic_with_a_fallback():
 def test_the_celery_task_dispatcher_sends_the_message_id_as_the_task_id(monkeypatch):
     sent = []
     monkeypatch.setattr(current_app, "send_task", lambda name, **kw: sent.append((name, kw)))
-    message = OutboxMessage(topic="t", payload={"a": 1})
+    message = OutboxMessageFactory.build(topic="t", payload={"a": 1})
 
     CeleryTaskDispatcher("billing.handle", queue="billing")(message)
 
@@ -321,8 +317,9 @@ def test_the_webhook_is_signed_and_carries_the_message_id(server, monkeypatch):
     monkeypatch.setattr(
         WebhookDispatcher, "client", property(lambda self: _Recorder(seen)), raising=True
     )
-    message = OutboxMessage(topic="payment.captured", payload={"amount": 1}, headers={"X-A": "b"})
-    message.created_at = timezone.now()
+    message = OutboxMessageFactory.build(
+        topic="payment.captured", payload={"amount": 1}, headers={"X-A": "b"}
+    )
 
     WebhookDispatcher(lambda: f"{server}/hook/", ["whsec_dGVzdA=="])(message)
 
@@ -376,10 +373,7 @@ def run_command(*args):
 def test_three_relays_at_once_over_ten_thousand_messages_send_each_exactly_once(
     periodic_only, recorded
 ):
-    OutboxMessage.objects.bulk_create(
-        OutboxMessage(topic="tests.recorded", payload={"n": n}, next_attempt_at=timezone.now())
-        for n in range(10_000)
-    )
+    OutboxMessage.objects.bulk_create(OutboxMessageFactory.build_batch(10_000))
 
     results = in_threads(3, lambda _: relay(batch_size=100))
 
@@ -394,13 +388,7 @@ def test_three_relays_at_once_over_ten_thousand_messages_send_each_exactly_once(
 @pytest.mark.postgresql
 def test_concurrent_relays_keep_each_ordering_key_in_order(periodic_only, recorded):
     OutboxMessage.objects.bulk_create(
-        OutboxMessage(
-            topic="tests.recorded",
-            payload={"n": n},
-            ordering_key=f"key-{n % 10}",
-            next_attempt_at=timezone.now(),
-        )
-        for n in range(500)
+        OutboxMessageFactory.build(ordering_key=f"key-{n % 10}") for n in range(500)
     )
     order = {str(m.message_id): (m.ordering_key, m.pk) for m in OutboxMessage.objects.all()}
 
@@ -470,9 +458,8 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
 
 @override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
 def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded):
-    message = publish("tests.recorded", {})
     # Two relays claimed it and died before recording anything.
-    OutboxMessage.objects.filter(pk=message.pk).update(attempts=2)
+    message = OutboxMessageFactory(payload={}, attempts=2)
 
     result = relay()
 

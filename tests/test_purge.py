@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.tasks import purge_expired_keys
+from tests.factories import IdempotencyKeyFactory
 
 NOW = timezone.now()
 
@@ -24,21 +25,14 @@ def every_other(index: int) -> bool:
 
 def make_keys(count: int, expired=every_other) -> int:
     """Create ``count`` keys, those with ``expired(index)`` past their expiry; return those."""
-    rows = []
-    for index in range(count):
-        created = NOW - timedelta(days=2 if expired(index) else 0)
-        rows.append(
-            IdempotencyKey(
-                scope="user:1 POST payments/",
-                key=f"key-{index}",
-                method="POST",
-                route="payments/",
-                fingerprint="0" * 64,
-                state=IdempotencyKey.State.SUCCEEDED,
-                created_at=created,
-                expires_at=created + timedelta(hours=24),
-            )
+    rows = [
+        IdempotencyKeyFactory.build(
+            key=f"key-{index}",
+            completed=True,
+            created_at=NOW - timedelta(days=2 if expired(index) else 0),
         )
+        for index in range(count)
+    ]
     IdempotencyKey.objects.bulk_create(rows, batch_size=1000)
     return sum(1 for index in range(count) if expired(index))
 

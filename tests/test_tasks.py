@@ -24,6 +24,7 @@ from django_idempotency.tasks import (
     sweep_expired_leases,
 )
 from tests.celery_app import app
+from tests.factories import IdempotencyKeyFactory, InboxEventFactory
 from tests.inbox import deliver, refund_event
 from tests.test_purge import make_many_keys
 from tests.testapp.models import Refund
@@ -98,20 +99,7 @@ def test_purge_fired_twice_at_once_then_again_ends_as_once(worker):
 
 
 def test_sweep_fired_twice_at_once_then_again_takes_each_lease_once(worker):
-    past = timezone.now() - timedelta(minutes=5)
-    IdempotencyKey.objects.bulk_create(
-        IdempotencyKey(
-            scope="s",
-            key=f"k{n}",
-            method="POST",
-            route="r/",
-            fingerprint="f" * 64,
-            created_at=past,
-            expires_at=past + timedelta(days=1),
-            locked_until=past,
-        )
-        for n in range(500)
-    )
+    IdempotencyKey.objects.bulk_create(IdempotencyKeyFactory.build_batch(500, lease_expired=True))
     results = [run(sweep_expired_leases), run(sweep_expired_leases)]
     swept = sum(result.get(timeout=60) for result in results)
     again = [run(sweep_expired_leases).get(timeout=60) for _ in range(2)]
@@ -191,18 +179,7 @@ def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(worker,
 
 
 def test_the_inbox_purge_fired_twice_at_once_deletes_each_event_once(worker):
-    old = timezone.now() - timedelta(days=31)
-    InboxEvent.objects.bulk_create(
-        InboxEvent(
-            source="tests",
-            event_id=f"evt_{n}",
-            payload={},
-            payload_hash="0" * 64,
-            status="processed",
-            processed_at=old,
-        )
-        for n in range(3_000)
-    )
+    InboxEvent.objects.bulk_create(InboxEventFactory.build_batch(3_000, old=True))
 
     results = [run(purge_processed_inbox_events), run(purge_processed_inbox_events)]
 
