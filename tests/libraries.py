@@ -32,9 +32,15 @@ def without(*libraries: str):
         for name in list(sys.modules):
             if name.partition(".")[0] in libraries:
                 del sys.modules[name]
+        importers = {
+            f"django_idempotency.{m}" for lib in libraries for m in IMPORTED_BY.get(lib, ())
+        }
+        for name in list(sys.modules):
+            # A package's modules too (the client is one), or its import would find them ready.
+            if name in importers or name.rpartition(".")[0] in importers:
+                del sys.modules[name]
         for library in libraries:
             sys.modules[library] = None  # type: ignore[assignment]
             for module in IMPORTED_BY.get(library, ()):
-                sys.modules.pop(f"django_idempotency.{module}", None)
                 package.pop(module, None)
         yield

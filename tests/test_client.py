@@ -27,6 +27,7 @@ import requests
 from django.core.exceptions import ImproperlyConfigured
 from requests.adapters import HTTPAdapter
 
+import django_idempotency
 from django_idempotency import client
 from django_idempotency.backoff import exponential_bound
 from django_idempotency.client import (
@@ -41,6 +42,7 @@ from django_idempotency.client import (
     retrying_client,
     retrying_session,
 )
+from django_idempotency.client._policy import parse_retry_after
 
 KINDS = ["httpx", "async", "requests"]
 WALL = 1_700_000_000.0  # the wall clock's fixed "now", for HTTP-date Retry-After values
@@ -577,7 +579,7 @@ def test_a_retry_after_past_the_deadline_returns_the_response_at_once(kind, serv
 
 
 def test_retry_after_values():
-    parse = client._parse_retry_after
+    parse = parse_retry_after
     assert parse(" 7 ", WALL) == 7.0
     assert parse("Wed, 15 Nov 2023 00:00:00 GMT", 1_700_006_400.0 - 30) == 30.0
     # "-0000" makes a naive datetime; HTTP-dates are GMT all the same.
@@ -1007,14 +1009,39 @@ def test_the_default_policy_retries(server):
 
 
 def load_client(monkeypatch, *missing):
-    """Import a fresh copy of the client module with ``missing`` modules not installed."""
+    """Import the client package afresh, with ``missing`` modules not installed."""
     for name in missing:
         monkeypatch.setitem(sys.modules, name, None)
-    spec = importlib.util.spec_from_file_location("client_copy", client.__file__)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "client_copy", module)
-    spec.loader.exec_module(module)
-    return module
+    package = client.__name__
+    for name in [name for name in sys.modules if name.startswith(f"{package}.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.delitem(sys.modules, package)
+    # The import binds the fresh package to its parent's attribute: the test's end restores it.
+    monkeypatch.setattr(django_idempotency, "client", client)
+    return importlib.import_module(package)
+
+
+def test_public_names_belong_to_the_package():
+    assert sorted(client.__all__) == sorted(
+        [
+            "RETRYABLE_STATUSES",
+            "AsyncRetryTransport",
+            "RetryAdapter",
+            "RetryBudget",
+            "RetryBudgets",
+            "RetryPolicy",
+            "RetryTransport",
+            "retrying_async_client",
+            "retrying_client",
+            "retrying_session",
+        ]
+    )
+    for name in client.__all__:
+        value = getattr(client, name)
+        if callable(value):
+            assert value.__module__ == "django_idempotency.client", name
+    assert repr(RetryPolicy().budget).startswith("<django_idempotency.client.RetryBudgets object")
+    assert {"IDEMPOTENT_METHODS", "KEYED_METHODS", "Jitter", "logger"} <= set(vars(client))
 
 
 def test_the_module_imports_without_httpx(monkeypatch):

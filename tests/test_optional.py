@@ -148,7 +148,12 @@ PLAIN_INSTALL = textwrap.dedent(
 
     import django_idempotency
     outcome = {{}}
-    for module in pkgutil.walk_packages(django_idempotency.__path__, "django_idempotency."):
+    # A package whose extra is missing (the client) fails again when the walk looks inside it:
+    # onerror lets the walk go on, and the loop has recorded the error already.
+    walk = pkgutil.walk_packages(
+        django_idempotency.__path__, "django_idempotency.", onerror=lambda name: None
+    )
+    for module in walk:
         if "._" in module.name or ".migrations" in module.name:
             continue
         try:

@@ -1,0 +1,92 @@
+"""Retrying HTTP clients for outgoing calls: httpx transports and a requests adapter.
+
+A request is retried only when sending it again is safe: an idempotent method, or a ``POST`` or
+``PATCH`` that carries an idempotency key. Waits use exponential backoff with jitter, honour
+``Retry-After``, never run past a total deadline, and draw on a per-host retry budget, so that
+retries cannot multiply the load on a service that is already failing.
+
+Within a request that ``RetryGuardMiddleware`` handles, the client also keeps the promises of the
+request's caller (``django_idempotency.guard``): it does not retry when the caller retries, and it
+does not wait past the caller's deadline. It tells the services it calls the same, in the
+``Do-Not-Retry`` and ``Request-Timeout-Ms`` headers.
+
+The loop is tenacity's; this package supplies its retry, wait and stop decisions. The httpx
+transports are defined only if httpx is installed, the requests adapter only if requests is.
+Everything public is imported from here; the modules behind it are private.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Final
+
+from django.core.exceptions import ImproperlyConfigured
+
+from django_idempotency import _optional
+from django_idempotency.client._budgets import RetryBudget, RetryBudgets
+
+# The names marked F401 are public too, though __all__ has never listed them.
+from django_idempotency.client._policy import (
+    IDEMPOTENT_METHODS,  # noqa: F401
+    KEYED_METHODS,  # noqa: F401
+    RETRYABLE_STATUSES,
+    Jitter,  # noqa: F401
+    RetryPolicy,
+)
+
+# Tenacity runs every retry loop: without it the package has nothing to offer, whichever HTTP
+# library is installed.
+with _optional.requires("client", __name__):
+    from django_idempotency.client._operation import logger  # noqa: F401
+
+if _optional.installed("httpx"):
+    from django_idempotency.client._httpx import (
+        AsyncRetryTransport,
+        RetryTransport,
+        retrying_async_client,
+        retrying_client,
+    )
+
+if _optional.installed("requests.adapters"):
+    from django_idempotency.client._requests import RetryAdapter, retrying_session
+
+__all__ = [
+    "RETRYABLE_STATUSES",
+    "AsyncRetryTransport",
+    "RetryAdapter",
+    "RetryBudget",
+    "RetryBudgets",
+    "RetryPolicy",
+    "RetryTransport",
+    "retrying_async_client",
+    "retrying_client",
+    "retrying_session",
+]
+
+# What each HTTP library's part of the package defines, for the error that names the library.
+_NEEDS: Final = {
+    "RetryTransport": "httpx",
+    "AsyncRetryTransport": "httpx",
+    "retrying_client": "httpx",
+    "retrying_async_client": "httpx",
+    "RetryAdapter": "requests",
+    "retrying_session": "requests",
+}
+
+# Public names keep the package as their home, as when it was one module: in reprs, pickles and
+# error messages, and so that none of them depends on how the package is laid out.
+for _name in __all__:
+    _value = globals().get(_name)
+    if callable(_value):  # a class or a function, not a constant
+        _value.__module__ = __name__
+del _name, _value
+
+if not TYPE_CHECKING:  # a module __getattr__ would make every name type-check
+
+    def __getattr__(name: str) -> Any:
+        # Only reached for a name the package does not define: one whose HTTP library is missing.
+        if name in _NEEDS:
+            library = _NEEDS[name]
+            msg = f"{__name__}.{name} needs {library}, not installed: pip install {library}"
+            raise ImproperlyConfigured(msg)
+        msg = f"module {__name__!r} has no attribute {name!r}"
+        raise AttributeError(msg)

@@ -1,0 +1,272 @@
+"""One logical request over its attempts: whether to retry, how long to wait, when to stop.
+
+The loop is tenacity's; this module supplies its retry, wait and stop decisions, for any HTTP
+library that describes its responses, errors and timeouts with a few callables.
+``django_idempotency.client._start`` prepares the request and makes the operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar, cast
+
+# Imported by the package's __init__, which names the extra to install if tenacity is missing.
+import tenacity
+from tenacity.retry import retry_base
+from tenacity.stop import stop_base
+from tenacity.wait import wait_base
+
+from django_idempotency import guard
+from django_idempotency.client._policy import RETRYABLE_STATUSES, backoff, parse_retry_after
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping
+
+    from django_idempotency.client._budgets import RetryBudget
+    from django_idempotency.client._policy import RetryPolicy
+
+# The documented logger is the package's, whichever of its modules logs.
+logger = logging.getLogger("django_idempotency.client")
+
+# A discarded response is read to its end so that its connection can be reused, unless its body
+# is longer than this; then the connection is closed instead.
+_DRAIN_LIMIT: Final = 64 * 1024
+
+# An attempt made with no time left still gets this long (seconds): it fails at once, with the
+# HTTP client's own timeout error.
+_MIN_TIMEOUT: Final = 0.001
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class _Decision:
+    attempt: int
+    delay: float
+    stop: str | None
+
+
+class Operation(Generic[R]):
+    """Decide for one logical request, over its attempts, what to retry and how long to wait.
+
+    Made by ``start_operation()``; making one changes neither the request nor the budget.
+    """
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        *,
+        method: str,
+        host: str,
+        headers: MutableMapping[str, str],
+        retryable: bool,
+        budget: RetryBudget | None,
+        deadline: float,
+        status: Callable[[R], int],
+        retry_after: Callable[[R], str | None],
+        transient: Callable[[BaseException], bool],
+        set_timeout: Callable[[float], None],
+    ) -> None:
+        self.policy = policy
+        self.method = method
+        self.host = host
+        self.headers = headers
+        self.retryable = retryable
+        self.budget = budget
+        self.deadline = deadline
+        self._status = status
+        self._retry_after = retry_after
+        self._transient = transient
+        self._set_timeout = set_timeout
+        self.reason = ""
+        self.discarded: R | None = None
+        self._previous_delay = policy.base_delay
+        self._decision: _Decision | None = None
+
+    def failure(self, state: tenacity.RetryCallState) -> str | None:
+        """Return why the last attempt failed, if another attempt may succeed; else None."""
+        if not self.retryable:
+            return None
+        outcome = _outcome(state)
+        error = outcome.exception()
+        if error is not None:
+            return type(error).__name__ if self._transient(error) else None
+        status = self._status(outcome.result())
+        return f"status {status}" if status in RETRYABLE_STATUSES else None
+
+    def decide(self, state: tenacity.RetryCallState) -> _Decision:
+        """Return the wait before the next attempt and whether to stop instead, once per attempt."""
+        # Tenacity asks for the wait and the stop separately, in an order that changed between
+        # versions; deciding both together spends the budget once, and only on a real retry.
+        attempt = state.attempt_number
+        if self._decision is None or self._decision.attempt != attempt:
+            delay = self._delay(attempt, _response(state))
+            self._decision = _Decision(attempt, delay, self._stop(attempt, delay))
+        return self._decision
+
+    def _delay(self, attempt: int, response: R | None) -> float:
+        delay = self._previous_delay = backoff(self.policy, attempt, self._previous_delay)
+        value = None if response is None else self._retry_after(response)
+        if value is not None:
+            retry_after = parse_retry_after(value, self.policy.wall_clock())
+            if retry_after is not None:
+                delay = max(delay, retry_after)
+        return delay
+
+    def _stop(self, attempt: int, delay: float) -> str | None:
+        policy = self.policy
+        if attempt >= policy.max_attempts:
+            return "attempts"
+        if delay > policy.max_delay:
+            # Only Retry-After can ask for more than max_delay. Coming back sooner than the server
+            # asked would be refused again, so the response is returned now.
+            return "retry_after"
+        if policy.clock() + delay >= self.deadline:
+            # The next attempt would have no time left to run.
+            return "deadline"
+        # Last, so that a token is spent only on a retry that will happen.
+        if self.budget is not None and not self.budget.try_withdraw():
+            return "budget"
+        return None
+
+    def before_sleep(self, state: tenacity.RetryCallState) -> None:
+        """Log the retry and set the failed attempt's response aside to be released."""
+        decision = self.decide(state)
+        logger.info(
+            "retrying %s %s in %.3f s after attempt %d: %s",
+            self.method,
+            self.host,
+            decision.delay,
+            decision.attempt,
+            self.reason,
+            extra=self._fields(decision),
+        )
+        self.discarded = _response(state)
+
+    def give_up(self, state: tenacity.RetryCallState) -> R:
+        """Log why there is no retry, then return the last response or raise the last error."""
+        decision = self.decide(state)
+        logger.info(
+            "not retrying %s %s after attempt %d (%s): %s",
+            self.method,
+            self.host,
+            decision.attempt,
+            self.reason,
+            decision.stop,
+            extra={**self._fields(decision), "idempotency_client_stop": decision.stop},
+        )
+        return cast("R", _outcome(state).result())
+
+    def _fields(self, decision: _Decision) -> dict[str, Any]:
+        # No header values or bodies: they may carry credentials or personal data.
+        return {
+            "idempotency_client_host": self.host,
+            "idempotency_client_attempt": decision.attempt,
+            "idempotency_client_delay": decision.delay,
+            "idempotency_client_reason": self.reason,
+        }
+
+    def _pieces(self) -> dict[str, Any]:
+        return {
+            "retry": _RetryIfTransient(self),
+            "wait": _WaitBackoff(self),
+            "stop": _StopWhenSpent(self),
+            "before_sleep": self.before_sleep,
+            "retry_error_callback": self.give_up,
+        }
+
+    def before_attempt(self) -> None:
+        """Bound the attempt by what is left of the deadline, and tell the server so."""
+        left = max(0.0, self.deadline - self.policy.clock())
+        # An attempt cannot outlast the deadline: timeouts shrink inward, call after call.
+        self._set_timeout(max(left, _MIN_TIMEOUT))
+        if self.policy.propagate:
+            self.headers[guard.TIMEOUT_HEADER] = str(int(left * 1000))
+
+    def run(self, send: Callable[[], R], discard: Callable[[R], None]) -> R:
+        """Send the request until it succeeds or a retry is not allowed."""
+
+        def sleep(seconds: float) -> None:
+            if self.discarded is not None:
+                discard(self.discarded)
+                self.discarded = None
+            self.policy.sleep(seconds)
+
+        def attempt() -> R:
+            self.before_attempt()
+            return send()
+
+        return tenacity.Retrying(sleep=sleep, **self._pieces())(attempt)
+
+    async def arun(
+        self, send: Callable[[], Awaitable[R]], discard: Callable[[R], Awaitable[None]]
+    ) -> R:
+        """Send the request until it succeeds or a retry is not allowed, without blocking."""
+
+        # The response is released here rather than in before_sleep, which older tenacity
+        # versions call without awaiting.
+        async def sleep(seconds: float) -> None:
+            if self.discarded is not None:
+                await discard(self.discarded)
+                self.discarded = None
+            await self.policy.async_sleep(seconds)
+
+        async def attempt() -> R:
+            self.before_attempt()
+            return await send()
+
+        return cast("R", await tenacity.AsyncRetrying(sleep=sleep, **self._pieces())(attempt))
+
+
+class _RetryIfTransient(retry_base):
+    def __init__(self, operation: Operation[Any]) -> None:
+        self.operation = operation
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        self.operation.reason = self.operation.failure(retry_state) or ""
+        return bool(self.operation.reason)
+
+
+class _WaitBackoff(wait_base):
+    def __init__(self, operation: Operation[Any]) -> None:
+        self.operation = operation
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> float:
+        return self.operation.decide(retry_state).delay
+
+
+class _StopWhenSpent(stop_base):
+    def __init__(self, operation: Operation[Any]) -> None:
+        self.operation = operation
+
+    def __call__(self, retry_state: tenacity.RetryCallState) -> bool:
+        return self.operation.decide(retry_state).stop is not None
+
+
+def _outcome(state: tenacity.RetryCallState) -> tenacity.Future:
+    # Tenacity calls the retry, wait and stop pieces only once an attempt has an outcome.
+    return cast("tenacity.Future", state.outcome)
+
+
+def _response(state: tenacity.RetryCallState) -> Any:
+    outcome = _outcome(state)
+    return None if outcome.failed else outcome.result()
+
+
+def drain(chunks: Iterable[bytes]) -> None:
+    """Read a discarded response's body, up to a limit, so that its connection can be reused."""
+    read = 0
+    for chunk in chunks:
+        read += len(chunk)
+        if read > _DRAIN_LIMIT:
+            return
+
+
+async def adrain(chunks: AsyncIterable[bytes]) -> None:
+    """Read a discarded response's body, up to a limit, so that its connection can be reused."""
+    read = 0
+    async for chunk in chunks:
+        read += len(chunk)
+        if read > _DRAIN_LIMIT:
+            return
