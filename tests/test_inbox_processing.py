@@ -9,6 +9,7 @@ from datetime import timedelta
 from io import StringIO
 
 import pytest
+from celery import current_app
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import override_settings
@@ -363,7 +364,7 @@ class _collect:
 @override_settings(IDEMPOTENCY={"INBOX_RUNNER": "celery"})
 def test_with_celery_the_event_is_enqueued_after_commit_and_never_after_a_rollback(monkeypatch):
     enqueued = []
-    monkeypatch.setattr(tasks.process_inbox_event, "delay", enqueued.append)
+    monkeypatch.setattr(current_app, "send_task", lambda name, args: enqueued.append((name, args)))
 
     with pytest.raises(RuntimeError):
         receive_then_roll_back()
@@ -372,7 +373,7 @@ def test_with_celery_the_event_is_enqueued_after_commit_and_never_after_a_rollba
     with transaction.atomic():
         receipt = receive("tests", "evt_1", "refund.succeeded", refund_event())
         assert enqueued == []
-    assert enqueued == [receipt.event.pk]
+    assert enqueued == [("django_idempotency.process_inbox_event", (receipt.event.pk,))]
     assert receipt.outcome is None
 
 

@@ -32,7 +32,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connections, models, router, transaction
 from django.utils import timezone
 
-from django_idempotency import signals
+from django_idempotency import _celery, signals
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox.handlers import get_handler, handles_source
@@ -262,15 +262,12 @@ def dispatch(pk: int) -> Outcome | None:
     """
     if idempotency_settings.INBOX_RUNNER == "inline":
         return process(pk)
-    from django_idempotency.tasks import process_inbox_event  # noqa: PLC0415 - Celery is optional
-
-    try:
-        process_inbox_event.delay(pk)
-    except Exception:  # the broker's errors have no common base class
+    error = _celery.enqueue("django_idempotency.process_inbox_event", pk)
+    if error is not None:
         logger.warning(
             "could not hand inbox event %d to Celery; it will be dispatched again",
             pk,
-            exc_info=True,
+            exc_info=error,
         )
     return None
 
