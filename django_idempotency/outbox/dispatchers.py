@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency import _celery, _optional
-from django_idempotency.inbox.verifiers import StandardWebhooksSignature
+from django_idempotency.signing import StandardWebhooksSignature
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
