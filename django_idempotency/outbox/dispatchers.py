@@ -137,6 +137,7 @@ class WebhookDispatcher:
                 raise ImproperlyConfigured(msg)
             import httpx  # noqa: PLC0415 - an optional dependency
 
+            # The retry client imports tenacity, of the client extra.
             from django_idempotency.client import RetryPolicy, RetryTransport  # noqa: PLC0415
 
             transport = RetryTransport(policy=self.policy or RetryPolicy())
