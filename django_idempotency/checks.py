@@ -64,7 +64,8 @@ def check_database(
     databases: Sequence[str] | None = None,
     **kwargs: Any,
 ) -> list[CheckMessage]:
-    from django_idempotency.models import IdempotencyKey  # noqa: PLC0415 - needs the app registry
+    # A model: imported here, so that importing this module does not need the app registry.
+    from django_idempotency.models import IdempotencyKey  # noqa: PLC0415
 
     # The claim is one INSERT … ON CONFLICT … RETURNING: PostgreSQL, and SQLite from 3.35.
     alias = router.db_for_write(IdempotencyKey)

@@ -10,6 +10,7 @@ from django.db import connections, models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
@@ -219,14 +220,20 @@ def _purge_batches(
 
 class InboxEventQuerySet(models.QuerySet["InboxEvent"]):
     def purge_processed(
-        self, *, older_than: datetime, batch_size: int = 1_000, max_seconds: float | None = None
+        self,
+        *,
+        older_than: datetime | None = None,
+        batch_size: int = 1_000,
+        max_seconds: float | None = None,
     ) -> int:
         """Delete events processed before ``older_than``, ``batch_size`` at a time; return how many.
 
-        Each batch is a transaction of its own; call it outside one. Only processed events are
-        deleted: a failed or dead event stays until a person deals with it. Safe in several
-        processes at once.
+        ``older_than`` defaults to ``INBOX_RETENTION`` ago. Each batch is a transaction of its
+        own; call it outside one. Only processed events are deleted: a failed or dead event
+        stays until a person deals with it. Safe in several processes at once.
         """
+        if older_than is None:
+            older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
         return _purge_batches(
             self.model,
             done_at="processed_at",
@@ -327,13 +334,20 @@ class InboxEvent(models.Model):
 
 class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
     def purge_dispatched(
-        self, *, older_than: datetime, batch_size: int = 1_000, max_seconds: float | None = None
+        self,
+        *,
+        older_than: datetime | None = None,
+        batch_size: int = 1_000,
+        max_seconds: float | None = None,
     ) -> int:
         """Delete messages dispatched before ``older_than``, in batches; return how many.
 
-        Only dispatched messages are deleted: a message that was never sent stays, however old.
-        Call it outside a transaction. Safe in several processes at once.
+        ``older_than`` defaults to ``OUTBOX_RETENTION`` ago. Only dispatched messages are
+        deleted: a message that was never sent stays, however old. Call it outside a
+        transaction. Safe in several processes at once.
         """
+        if older_than is None:
+            older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
         return _purge_batches(
             self.model,
             done_at="dispatched_at",

@@ -1,23 +1,17 @@
-"""Celery tasks; the only module that imports Celery. Schedule them with Celery beat.
+"""Celery tasks: schedule them with Celery beat. Celery itself is imported by ``_celery`` alone.
 
 Every task is safe to run on several workers at once and when beat fires twice.
 """
 
 from __future__ import annotations
 
-from django.utils import timezone
-
-from django_idempotency import _optional
-from django_idempotency.conf import idempotency_settings
+from django_idempotency._celery import task
 from django_idempotency.inbox.processing import dispatch_due, process
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox.relaying import relay
 
-with _optional.requires("celery", __name__):
-    from celery import shared_task
 
-
-@shared_task(name="django_idempotency.purge_expired_keys", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.purge_expired_keys")
 def purge_expired_keys(
     batch_size: int = 10_000, pause: float = 0.0, max_seconds: float | None = 240.0
 ) -> int:
@@ -28,7 +22,7 @@ def purge_expired_keys(
     return result.deleted
 
 
-@shared_task(name="django_idempotency.sweep_expired_leases", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.sweep_expired_leases")
 def sweep_expired_leases() -> int:
     """Mark keys whose lease ran out as failed; return how many."""
     return IdempotencyKey.objects.sweep_expired_leases()
@@ -37,38 +31,31 @@ def sweep_expired_leases() -> int:
 # acks_late: a message is acknowledged once the attempt ends, so a worker that dies mid-attempt
 # leaves it to be delivered again; the attempt was counted, and the claim makes a second
 # delivery of a live or finished attempt a no-op.
-@shared_task(  # type: ignore[untyped-decorator] # Celery ships no types
-    name="django_idempotency.process_inbox_event",
-    ignore_result=True,
-    acks_late=True,
-    reject_on_worker_lost=True,
-)
+@task("django_idempotency.process_inbox_event", acks_late=True, reject_on_worker_lost=True)
 def process_inbox_event(event_pk: int) -> str:
     """Attempt to process one inbox event; return the outcome."""
     return process(event_pk).value
 
 
-@shared_task(name="django_idempotency.dispatch_due_inbox_events", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.dispatch_due_inbox_events")
 def dispatch_due_inbox_events(limit: int = 500) -> int:
     """Dispatch inbox events whose retry is due or whose dispatch was lost; return how many."""
     return dispatch_due(limit=limit)
 
 
-@shared_task(name="django_idempotency.purge_processed_inbox_events", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.purge_processed_inbox_events")
 def purge_processed_inbox_events(max_seconds: float | None = 240.0) -> int:
     """Delete processed inbox events older than ``INBOX_RETENTION``; return how many."""
-    older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
-    return InboxEvent.objects.purge_processed(older_than=older_than, max_seconds=max_seconds)
+    return InboxEvent.objects.purge_processed(max_seconds=max_seconds)
 
 
-@shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.relay_outbox")
 def relay_outbox(batch_size: int = 50, max_seconds: float | None = 240.0) -> int:
     """Dispatch the outbox's due messages; return how many were dispatched."""
     return relay(batch_size=batch_size, max_seconds=max_seconds).dispatched
 
 
-@shared_task(name="django_idempotency.purge_dispatched_outbox_messages", ignore_result=True)  # type: ignore[untyped-decorator] # Celery ships no types
+@task("django_idempotency.purge_dispatched_outbox_messages")
 def purge_dispatched_outbox_messages(max_seconds: float | None = 240.0) -> int:
     """Delete dispatched outbox messages older than ``OUTBOX_RETENTION``; return how many."""
-    older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
-    return OutboxMessage.objects.purge_dispatched(older_than=older_than, max_seconds=max_seconds)
+    return OutboxMessage.objects.purge_dispatched(max_seconds=max_seconds)

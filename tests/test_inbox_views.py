@@ -7,13 +7,14 @@ import time
 from datetime import timedelta
 
 import pytest
+from celery import current_app
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import OperationalError, connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from django_idempotency import signals, tasks
+from django_idempotency import signals
 from django_idempotency.bodies import MAX_JSON_DEPTH
 from django_idempotency.inbox import (
     GitHubSignature,
@@ -302,7 +303,7 @@ def test_with_celery_and_no_broker_the_event_is_recorded_for_the_periodic_run(mo
     def unreachable(*args, **kwargs):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(tasks.process_inbox_event, "delay", unreachable)
+    monkeypatch.setattr(current_app, "send_task", unreachable)
     response = deliver(refund_event())
 
     assert response.json() == {"status": "queued"}

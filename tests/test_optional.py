@@ -90,10 +90,12 @@ def test_a_plain_view_is_idempotent_without_drf():
 
 
 def test_the_celery_dispatcher_without_celery_names_the_extra():
+    from django_idempotency.models import OutboxMessage  # noqa: PLC0415
     from django_idempotency.outbox.dispatchers import CeleryTaskDispatcher  # noqa: PLC0415
 
+    message = OutboxMessage(topic="payments.deliver", payload={})
     with without("celery"), pytest.raises(ImproperlyConfigured, match=r"\[celery\]"):
-        CeleryTaskDispatcher("payments.deliver")(message=None)
+        CeleryTaskDispatcher("payments.deliver")(message)
 
 
 def test_the_webhook_dispatcher_without_httpx_names_it():

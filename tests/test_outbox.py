@@ -206,16 +206,16 @@ def test_a_relay_stops_at_its_time_limit(periodic_only, recorded):
 @override_settings(IDEMPOTENCY={"OUTBOX_RUNNER": "celery"})
 def test_with_celery_the_commit_asks_a_worker_to_relay(monkeypatch, caplog):
     asked = []
-    monkeypatch.setattr(tasks.relay_outbox, "delay", lambda: asked.append(1))
+    monkeypatch.setattr(current_app, "send_task", lambda name, args: asked.append((name, args)))
     with transaction.atomic():
         publish("tests.recorded", {})
         publish("tests.recorded", {})
-    assert asked == [1]
+    assert asked == [("django_idempotency.relay_outbox", ())]
 
-    def unreachable():
+    def unreachable(name, args):
         raise ConnectionRefusedError(111, "Connection refused")
 
-    monkeypatch.setattr(tasks.relay_outbox, "delay", unreachable)
+    monkeypatch.setattr(current_app, "send_task", unreachable)
     publish("tests.recorded", {})
     assert "could not ask Celery to relay the outbox" in caplog.text
     assert OutboxMessage.objects.filter(status="pending").count() == 3

@@ -9,14 +9,13 @@ from __future__ import annotations
 from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler
 from django_idempotency.inbox.processing import (
     Outcome,
-    Receipt,
     dispatch_due,
     mark_dead,
     process,
-    receive,
     reprocess,
     retry_now,
 )
+from django_idempotency.inbox.receiving import Receipt, receive
 from django_idempotency.inbox.verifiers import (
     GitHubSignature,
     HMACVerifier,

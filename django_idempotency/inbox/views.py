@@ -20,7 +20,8 @@ from django_idempotency.bodies import (
     length_unknown,
     load_json,
 )
-from django_idempotency.inbox.processing import Outcome, receive
+from django_idempotency.inbox.processing import Outcome
+from django_idempotency.inbox.receiving import receive
 from django_idempotency.inbox.verifiers import SignatureError, Verifier
 
 if TYPE_CHECKING:

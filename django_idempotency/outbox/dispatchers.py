@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency import _optional
-from django_idempotency.inbox.verifiers import StandardWebhooksSignature
+from django_idempotency import _celery, _optional
+from django_idempotency.signing import StandardWebhooksSignature
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -137,6 +137,7 @@ class WebhookDispatcher:
                 raise ImproperlyConfigured(msg)
             import httpx  # noqa: PLC0415 - an optional dependency
 
+            # The retry client imports tenacity, of the client extra.
             from django_idempotency.client import RetryPolicy, RetryTransport  # noqa: PLC0415
 
             transport = RetryTransport(policy=self.policy or RetryPolicy())
@@ -160,11 +161,9 @@ class CeleryTaskDispatcher:
         return f"CeleryTaskDispatcher({self.task_name!r})"
 
     def __call__(self, message: OutboxMessage) -> None:
-        with _optional.requires("celery", "CeleryTaskDispatcher"):
-            from celery import current_app  # noqa: PLC0415 - Celery is optional
-
-        current_app.send_task(
+        _celery.send_task(
             self.task_name,
+            needed_by="CeleryTaskDispatcher",
             kwargs={"payload": message.payload, "message_id": str(message.message_id)},
             task_id=str(message.message_id),
             queue=self.queue,

@@ -23,6 +23,7 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from django_idempotency import _celery
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import OutboxMessage
@@ -111,12 +112,9 @@ def trigger() -> None:
             # What was published is committed: the periodic relay will send it.
             logger.exception("could not relay the outbox after a commit")
         return
-    from django_idempotency.tasks import relay_outbox  # noqa: PLC0415 - Celery is optional
-
-    try:
-        relay_outbox.delay()
-    except Exception:  # the broker's errors have no common base class
-        logger.warning("could not ask Celery to relay the outbox", exc_info=True)
+    error = _celery.enqueue("django_idempotency.relay_outbox")
+    if error is not None:
+        logger.warning("could not ask Celery to relay the outbox", exc_info=error)
 
 
 @dataclass(frozen=True)

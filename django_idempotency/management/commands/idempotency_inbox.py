@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.utils import timezone
 
-from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox.processing import dispatch_due
 from django_idempotency.models import InboxEvent
 
@@ -28,6 +26,5 @@ class Command(BaseCommand):
         dispatched = dispatch_due(limit=limit)
         self.stdout.write(f"Dispatched {dispatched} due inbox events.")
         if not no_purge:
-            older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
-            purged = InboxEvent.objects.purge_processed(older_than=older_than)
+            purged = InboxEvent.objects.purge_processed()
             self.stdout.write(f"Purged {purged} processed inbox events.")

@@ -8,9 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
-from django.utils import timezone
 
-from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.relaying import DEFAULT_LEASE, relay
 
@@ -59,8 +57,7 @@ class Command(BaseCommand):
                 )
             # Running forever, purge once a minute rather than at every run.
             if not no_purge and (purged_at is None or time.monotonic() - purged_at >= 60):
-                older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
-                purged = OutboxMessage.objects.purge_dispatched(older_than=older_than)
+                purged = OutboxMessage.objects.purge_dispatched()
                 purged_at = time.monotonic()
                 self.stdout.write(f"Purged {purged} dispatched outbox messages.")
             if not forever:

@@ -1,8 +1,13 @@
+"""The webhook signature schemes: signing, verifying, rotation, tolerance, malformed headers."""
+
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -11,13 +16,14 @@ from django.test import RequestFactory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.inbox.verifiers import (
+from django_idempotency.inbox import verifiers
+from django_idempotency.inbox.verifiers import Verifier
+from django_idempotency.signing import (
     GitHubSignature,
     HMACVerifier,
     SignatureError,
     StandardWebhooksSignature,
     StripeSignature,
-    Verifier,
 )
 
 NOW = 1_700_000_000
@@ -462,6 +468,46 @@ def test_the_verifiers_are_verifiers_and_the_base_is_abstract():
     assert not isinstance(object(), Verifier)
     with pytest.raises(TypeError):
         HMACVerifier("s3cret")  # type: ignore[abstract]
+    # The receiver's module exports the very same schemes.
+    for name in ("HMACVerifier", "SignatureError", *(scheme.__name__ for scheme in SCHEMES)):
+        assert getattr(verifiers, name) is globals()[name]
+
+
+# What a plain script that sends test webhooks does: no Django settings anywhere.
+PLAIN_SCRIPT = """
+import django.conf
+from django_idempotency.signing import StandardWebhooksSignature, StripeSignature
+
+body = b'{"id": "evt_1"}'
+for signer, headers in (
+    (StandardWebhooksSignature("whsec_dGVzdHMtb25seQ=="), {"msg_id": "msg_1"}),
+    (StripeSignature("whsec_tests-only"), {}),
+):
+    signer.verify(signer.sign(body, **headers), body)
+    try:
+        signer.verify(signer.sign(body, **headers), body + b" ")
+    except Exception as error:
+        print(type(error).__name__, error.code)
+print("settings configured:", django.conf.settings.configured)
+"""
+
+
+def test_signing_imports_and_works_without_django_settings():
+    env = {name: value for name, value in os.environ.items() if name != "DJANGO_SETTINGS_MODULE"}
+    completed = subprocess.run(
+        [sys.executable, "-c", PLAIN_SCRIPT],
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == [
+        "SignatureError inbox.signature_invalid",
+        "SignatureError inbox.signature_invalid",
+        "settings configured: False",
+    ]
 
 
 def test_signature_error_carries_code_and_detail():

@@ -1,0 +1,219 @@
+"""Recording a delivered inbox event once, however often it is delivered.
+
+Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id): the unique index is
+the only arbiter between duplicate deliveries. A duplicate is not recorded or dispatched again;
+a new event is dispatched (see ``processing``) once the caller's transaction commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
+
+import rfc8785
+from django.db import DatabaseError, connections, models, router, transaction
+from django.utils import timezone
+
+from django_idempotency import signals
+from django_idempotency.inbox.processing import DISPATCH_GRACE, Outcome, dispatch, log_fields
+from django_idempotency.models import InboxEvent
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from datetime import datetime
+
+logger = logging.getLogger("django_idempotency.inbox")
+
+
+@dataclass
+class Receipt:
+    """What :func:`receive` did with a delivery."""
+
+    event: InboxEvent
+    created: bool  # False: a duplicate, recorded before
+    conflict: bool = False  # a duplicate whose payload differs from the recorded one
+    # Set when the event was processed in this thread as the recording committed.
+    outcome: Outcome | None = None
+
+
+def payload_hash(payload: Any) -> str:
+    """SHA-256 of ``payload``'s canonical JSON (RFC 8785), so key order does not matter."""
+    try:
+        canonical = rfc8785.dumps(payload)
+    except rfc8785.CanonicalizationError:
+        # RFC 8785 refuses integers beyond 2**53, which some senders use as ids.
+        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def receive(
+    source: str,
+    event_id: str | None,
+    event_type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+) -> Receipt:
+    """Record an event once, and dispatch it when the caller's transaction commits.
+
+    An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
+    recorded or dispatched again.
+    """
+    now = now or timezone.now()
+    digest = payload_hash(payload)
+    event = InboxEvent(
+        source=source,
+        event_id=event_id if event_id is not None else f"sha256:{digest}",
+        event_type=event_type,
+        payload=payload,
+        payload_hash=digest,
+        headers=dict(headers or {}),
+        received_at=now,
+        next_attempt_at=now + DISPATCH_GRACE,
+    )
+    using = router.db_for_write(InboxEvent)
+    pk, inserted, recorded_hash = _record(event, using)
+    if not inserted:
+        return _duplicate(event, pk, recorded_hash, using)
+    event.pk = pk
+    event._state.adding = False
+    event._state.db = using
+    receipt = Receipt(event, created=True)
+
+    def after_commit() -> None:
+        if logger.isEnabledFor(logging.INFO):
+            logger.info(
+                "recorded inbox event %s from %s",
+                event.event_id,
+                source,
+                extra=log_fields(event, "received"),
+            )
+        signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
+        try:
+            receipt.outcome = dispatch(event.pk)
+        except DatabaseError:
+            # The event is recorded: the periodic run will process it.
+            logger.exception("could not process inbox event %s", event.event_id)
+            receipt.outcome = Outcome.FAILED
+
+    transaction.on_commit(after_commit, using=using)
+    return receipt
+
+
+def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -> Receipt:
+    # The recorded event, its other fields loaded when first read.
+    recorded = InboxEvent.from_db(
+        using,
+        ["id", "source", "event_id", "payload_hash"],
+        [pk, delivered.source, delivered.event_id, recorded_hash],
+    )
+    conflict = recorded_hash != delivered.payload_hash
+    if conflict:
+        logger.warning(
+            "inbox event %s from %s delivered again with a different payload; kept the first",
+            recorded.event_id,
+            recorded.source,
+            extra=log_fields(recorded, "conflict"),
+        )
+    elif logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "inbox event %s from %s delivered again",
+            recorded.event_id,
+            recorded.source,
+            extra=log_fields(recorded, "duplicate"),
+        )
+    transaction.on_commit(
+        lambda: signals.send_robustly(
+            signals.inbox_event_duplicate, InboxEvent, event=recorded, conflict=conflict
+        ),
+        using=using,
+    )
+    return Receipt(recorded, created=False, conflict=conflict)
+
+
+_INSERT_FIELDS = (
+    "source",
+    "event_id",
+    "event_type",
+    "payload",
+    "payload_hash",
+    "headers",
+    "status",
+    "attempts",
+    "received_at",
+    "next_attempt_at",
+    "last_error",
+    "last_traceback",
+)
+
+
+def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
+    """Insert ``event`` unless (source, event id) is taken.
+
+    Return the id of the row that holds the event, whether it was inserted now, and the
+    payload hash it was recorded with.
+    """
+    connection = connections[using]
+    params = [
+        field.get_db_prep_save(getattr(event, field.attname), connection)
+        for field in map(_field, _INSERT_FIELDS)
+    ]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # One round trip for a duplicate too: the SELECT reads the row that made the
+            # INSERT do nothing, if that row had committed when the statement began.
+            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
+            if row := cursor.fetchone():
+                return int(row[0]), bool(row[1]), str(row[2])
+        else:
+            cursor.execute(_statements(using).insert, params)
+            if row := cursor.fetchone():
+                return int(row[0]), True, event.payload_hash
+        # The row committed while the statement ran (ON CONFLICT waited for it): read it now.
+        cursor.execute(_statements(using).select, [event.source, event.event_id])
+        row = cursor.fetchone()
+    if row is None:
+        # The purge deleted it in between: the event is new again.
+        return _record(event, using)
+    return int(row[0]), False, str(row[1])
+
+
+class _Statements(NamedTuple):
+    insert: str
+    record: str
+    select: str
+
+
+@cache
+def _statements(using: str) -> _Statements:
+    quote = connections[using].ops.quote_name
+    table = quote(InboxEvent._meta.db_table)
+    columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
+    pk, source, event_id, payload_hash = (
+        quote(_field(name).column) for name in ("id", "source", "event_id", "payload_hash")
+    )
+    # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
+    # needed inside a caller's transaction, and a duplicate costs no aborted insert.
+    insert = (
+        f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_INSERT_FIELDS))}) "  # noqa: S608
+        f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
+    )
+    where = f"{source} = %s AND {event_id} = %s"
+    return _Statements(
+        insert=insert,
+        record=(
+            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
+            f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
+            f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
+        ),
+        select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+    )
+
+
+def _field(name: str) -> models.Field[Any, Any]:
+    return cast("models.Field[Any, Any]", InboxEvent._meta.get_field(name))

@@ -1,0 +1,35 @@
+"""The package's import graph: no module imports itself back, and Celery is imported in one place.
+
+grimp reads every import statement, those inside functions too, so a circle that a lazy import
+hides is still a circle here.
+"""
+
+from __future__ import annotations
+
+import grimp
+import pytest
+
+PACKAGE = "django_idempotency"
+
+
+@pytest.fixture(scope="module")
+def graph():
+    # Imports under TYPE_CHECKING never run: two modules may name each other's types.
+    return grimp.build_graph(
+        PACKAGE, include_external_packages=True, exclude_type_checking_imports=True, cache_dir=None
+    )
+
+
+def test_no_module_imports_itself_back(graph):
+    modules = {PACKAGE, *graph.find_descendants(PACKAGE)}
+    cycles = [
+        (importer, *graph.find_shortest_chain(importer=imported, imported=importer))
+        for importer in sorted(modules)
+        for imported in sorted(graph.find_modules_directly_imported_by(importer) & modules)
+        if graph.chain_exists(importer=imported, imported=importer)
+    ]
+    assert cycles == []
+
+
+def test_celery_is_imported_by_one_module(graph):
+    assert graph.find_modules_that_directly_import("celery") == {f"{PACKAGE}._celery"}

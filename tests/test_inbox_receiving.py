@@ -1,0 +1,52 @@
+"""Recording a delivered inbox event once: dedupe on (source, event id), or on its payload."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from django.db import connection, transaction
+
+from django_idempotency.inbox import receive
+from django_idempotency.inbox.receiving import payload_hash
+from django_idempotency.models import InboxEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_an_event_id_purged_long_ago_can_be_recorded_again():
+    pk = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).event.pk
+    InboxEvent.objects.filter(pk=pk).delete()
+
+    assert receive("tests", "evt_1", "customer.created", {"id": "evt_1"}).created
+
+
+def test_the_payload_hash_ignores_key_order_and_accepts_large_integers():
+    assert payload_hash({"a": 1, "b": 2}) == payload_hash({"b": 2, "a": 1})
+    assert payload_hash({"id": 2**64}) != payload_hash({"id": 2**64 + 1})
+
+
+@pytest.mark.postgresql
+def test_a_duplicate_that_waited_for_the_first_delivery_to_commit_is_seen_as_a_duplicate():
+    inserted, release = threading.Event(), threading.Event()
+
+    def first():
+        try:
+            with transaction.atomic():
+                receive("tests", "evt_1", "customer.created", {"id": "evt_1"})
+                inserted.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=first)
+    holder.start()
+    inserted.wait(10)
+    # The duplicate's INSERT waits for the first transaction; its snapshot predates the commit.
+    threading.Timer(0.3, release.set).start()
+    receipt = receive("tests", "evt_1", "customer.created", {"id": "evt_1"})
+    holder.join()
+
+    assert not receipt.created
+    assert not receipt.conflict
+    assert InboxEvent.objects.count() == 1
