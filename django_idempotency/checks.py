@@ -58,6 +58,49 @@ def check_settings(
     return messages
 
 
+# The isolation levels under which every decision on a key holds: each is made on a locked row.
+MARIADB_ISOLATION_LEVELS = ("read committed", "repeatable read")
+
+
+@register(Tags.database)
+def check_mariadb(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """What only the server can tell: MariaDB, not MySQL, 10.6 or newer; the isolation level.
+
+    A database check, so it runs where Django connects anyway (migrate, check --database).
+    """
+    from django_idempotency.models import IdempotencyKey  # noqa: PLC0415 - needs the app registry
+
+    alias = router.db_for_write(IdempotencyKey)
+    connection: Any = connections[alias]
+    if alias not in (databases or ()) or connection.vendor != "mysql":
+        return []
+    if not connection.mysql_is_mariadb or connection.mysql_version < (10, 6):
+        server = "MariaDB" if connection.mysql_is_mariadb else "MySQL"
+        version = ".".join(map(str, connection.mysql_version))
+        return [
+            Error(
+                f"django_idempotency needs MariaDB 10.6 or newer, not {server} {version}.",
+                hint="Claims on MySQL are not supported yet; route IdempotencyKey to MariaDB "
+                "10.6+ or PostgreSQL.",
+                id="django_idempotency.E028",
+            )
+        ]
+    if connection.isolation_level not in MARIADB_ISOLATION_LEVELS:
+        return [
+            Warning(
+                f"The {alias!r} database runs at {connection.isolation_level!r}: "
+                "django_idempotency is tested at 'read committed' and 'repeatable read'.",
+                hint="Remove OPTIONS['isolation_level'] to use Django's 'read committed'.",
+                id="django_idempotency.W006",
+            )
+        ]
+    return []
+
+
 @register(Tags.compatibility)
 def check_database(
     app_configs: Sequence[AppConfig] | None = None,
@@ -67,14 +110,16 @@ def check_database(
     # A model: imported here, so that importing this module does not need the app registry.
     from django_idempotency.models import IdempotencyKey  # noqa: PLC0415
 
-    # The claim is one INSERT … ON CONFLICT … RETURNING: PostgreSQL, and SQLite from 3.35.
+    # The claim is one INSERT … ON CONFLICT … RETURNING: PostgreSQL, and SQLite from 3.35;
+    # on MariaDB an INSERT … ON DUPLICATE KEY UPDATE, whose server check_mariadb() reads.
     alias = router.db_for_write(IdempotencyKey)
     connection: Any = connections[alias]
     if connection.vendor not in SUPPORTED_VENDORS:
         return [
             Error(
                 f"django_idempotency cannot store keys in a {connection.vendor} database.",
-                hint="Route IdempotencyKey to a PostgreSQL database (or SQLite in development).",
+                hint="Route IdempotencyKey to a PostgreSQL or MariaDB database (or SQLite in "
+                "development).",
                 id="django_idempotency.E012",
             )
         ]

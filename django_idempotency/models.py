@@ -194,17 +194,22 @@ def _purge_batches(
     pk, status_column, done = (quote(name) for name in ("id", "status", done_at))
     pick = f"SELECT {pk} FROM {table} WHERE {status_column} = %s AND {done} < %s "  # noqa: S608
     pick += f"ORDER BY {done} LIMIT %s"
-    if connection.vendor == "postgresql":
+    if connection.vendor != "sqlite":
         pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
     # Our own DELETE, not QuerySet.delete(): see KeyStore.purge_range().
     delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
+    # MariaDB refuses a LIMIT in an IN subquery: there the batch is picked, then deleted.
+    picked = connection.vendor == "mysql"
     cutoff = model._meta.get_field(done_at).get_db_prep_value(older_than, connection)  # type: ignore[union-attr] # a concrete field
     started = time.monotonic()
     deleted = 0
     while max_seconds is None or time.monotonic() - started < max_seconds:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(delete, [status, cutoff, batch_size])
+            cursor.execute(pick if picked else delete, [status, cutoff, batch_size])
             count = int(cursor.rowcount)
+            if picked and (ids := [row[0] for row in cursor.fetchall()]):
+                marks = ", ".join(["%s"] * len(ids))
+                cursor.execute(f"DELETE FROM {table} WHERE {pk} IN ({marks})", ids)  # noqa: S608
         deleted += count
         if count < batch_size:
             break

@@ -1,34 +1,39 @@
-"""Every statement on the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
+"""What is done to the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
 
-The unique index on (scope, key) is the only arbiter of races. A claim is one
-``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or takes over
-an expired one, and returns nothing when a live row holds the key. Inside a transaction a duplicate
-blocks on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the
-wait is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the
-wait there is the database's busy timeout, and a wait past it is a retryable 503.
+The unique index on (scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
+is one ``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or
+takes over an expired one, and returns nothing when a live row holds the key. Inside a
+transaction a duplicate blocks on the first request's uncommitted row until that commits or
+rolls back; on PostgreSQL the wait is bounded by a transaction-local ``lock_timeout``. SQLite
+serializes writers instead: the wait there is the database's busy timeout, and a wait past it is
+a retryable 503. MariaDB claims with an insert that locks the row holding the key (see
+``MariaDBKeyStore``). The statements themselves are in ``statements.py``.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from django.apps import apps
 from django.db import OperationalError, connections, transaction
 
+from django_idempotency import statements
+from django_idempotency.statements import MariaDBStatements, Statements, key_field, key_model
+
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.models import Field
-
-    from django_idempotency.models import IdempotencyKey
 
 # PostgreSQL SQLSTATE lock_not_available: raised when lock_timeout expires.
 LOCK_NOT_AVAILABLE = "55P03"
-SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite"})
+# MariaDB's error numbers: innodb_lock_wait_timeout ran out; a deadlock rolled back the transaction.
+LOCK_WAIT_TIMEOUT, DEADLOCK = 1205, 1213
+SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite", "mysql"})
 
 
 class KeyBusy(Exception):
@@ -82,11 +87,21 @@ PURGE_LOCK_TIMEOUT = "100ms"
 
 
 def is_lock_timeout(exc: OperationalError) -> bool:
-    """Whether ``exc`` is PostgreSQL's lock_timeout running out, with psycopg 3 or psycopg2."""
+    """Whether ``exc`` is a bounded wait for a row lock running out.
+
+    PostgreSQL's lock_timeout, with psycopg 3 or psycopg2, or MariaDB's innodb_lock_wait_timeout.
+    """
     # psycopg 3 names it sqlstate, psycopg2 pgcode. SQLite's "database is locked" is not this:
     # SQLite locks the whole database, so a wait there says nothing about the key.
     cause = exc.__cause__
-    return LOCK_NOT_AVAILABLE in (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+    codes = (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+    return LOCK_NOT_AVAILABLE in codes or mariadb_error(exc) == LOCK_WAIT_TIMEOUT
+
+
+def mariadb_error(exc: OperationalError) -> int | None:
+    """The MariaDB error number of ``exc``, if it is one."""
+    args = getattr(exc.__cause__, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
 
 
 def _aware(value: datetime | str) -> datetime:
@@ -108,191 +123,30 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
     )
 
 
-def _model() -> type[IdempotencyKey]:
-    # Looked up, not imported: the model's manager builds on this module.
-    return cast("type[IdempotencyKey]", apps.get_model("django_idempotency", "IdempotencyKey"))
-
-
-def _field(name: str) -> Field[Any, Any]:
-    return cast("Field[Any, Any]", _model()._meta.get_field(name))
-
-
-class _Statements(NamedTuple):
-    claim: str
-    replay: str
-    replay_relaxed: str
-    claim_or_replay: str | None  # PostgreSQL only
-    claim_or_replay_relaxed: str | None
-    complete: str
-    fail: str
-    renew: str
-    release_expired: str  # a template: {only} narrows the rows it may pick
-    purge_range: str
-    purge_range_bounded: str | None  # PostgreSQL only
-    purge_range_skip_locked: str | None
-
-
-def _build_statements(vendor: str, quote: Callable[[str], str]) -> _Statements:
-    """Build the key table's statements: only quoted identifiers are interpolated."""
-
-    def c(name: str) -> str:
-        return quote(_field(name).column)
-
-    t = quote(_model()._meta.db_table)
-    inserted = [
-        "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
-        "locked_until", "attempts", "created_at", "expires_at", "replay_count",
-    ]  # fmt: skip
-    reset = [
-        "response_status", "response_headers", "response_body", "completed_at",
-        "last_replayed_at",
-    ]  # fmt: skip
-    # Taking over a row starts it afresh, under a new lease version. A row that never
-    # completed (it failed, or its lease ran out) counts one more attempt: its effect may have
-    # happened, which is what the view's recovery hook is asked.
-    updates = {name: f"EXCLUDED.{c(name)}" for name in inserted if name != "key"}
-    updates["lease_version"] = f"{t}.{c('lease_version')} + 1"
-    updates["attempts"] = (
-        f"CASE WHEN {t}.{c('state')} = 'succeeded' THEN 1 ELSE {t}.{c('attempts')} + 1 END"
-    )
-    updates.update(dict.fromkeys(reset, "NULL"))
-    assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
-    columns = ", ".join(c(name) for name in inserted)
-    values = ", ".join(["%s"] * len(inserted))
-    conflict = (
-        f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
-        f"WHERE {t}.{c('expires_at')} <= %s OR {t}.{c('state')} = 'failed' "
-        f"OR {t}.{c('locked_until')} <= %s "
-        f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
-    )
-    # The lease version fences the write: a request whose row was taken over changes nothing.
-    complete = (
-        f"UPDATE {t} SET {c('state')} = %s, {c('response_status')} = %s, "  # noqa: S608
-        f"{c('response_headers')} = %s, {c('response_body')} = %s, {c('completed_at')} = %s, "
-        f"{c('locked_until')} = NULL WHERE {c('id')} = %s AND {c('lease_version')} = %s"
-    )
-    fail = (
-        f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL "  # noqa: S608
-        f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
-    )
-    # Releasing a lease whose request died: the row fails, so the next request takes it over
-    # (asking the view's recovery hook), and its lease version goes up, so the lost request
-    # can no longer store a result. Only leased, unfinished rows carry locked_until: the
-    # partial lease index finds them. Several sweepers at once each take their own rows.
-    pick = f"SELECT {c('id')} FROM {t} WHERE {c('locked_until')} <= %s{{only}} "  # noqa: S608
-    pick += f"ORDER BY {c('locked_until')} LIMIT %s"
-    if vendor == "postgresql":
-        pick += " FOR UPDATE SKIP LOCKED"  # another sweeper's batch is its own
-    release_expired = (
-        f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
-        f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({pick})"
-    )
-    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
-    # Python as soon as a project connects a post_delete receiver to this model.
-    in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
-    purge_range = f"DELETE FROM {t} WHERE {in_range}"  # noqa: S608
-    # A row a purge finds locked belongs to a request taking that expired key over, which may
-    # hold it for the whole view: wait a moment (the CTE bounds the wait before any row is
-    # locked), then skip the locked rows of the range, so that no batch holds locks for long.
-    purge_range_bounded = (
-        "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
-        f"{purge_range} AND EXISTS (SELECT FROM bounded)"
-    )
-    purge_range_skip_locked = (
-        f"DELETE FROM {t} WHERE {c('id')} IN (SELECT {c('id')} FROM {t} "  # noqa: S608
-        f"WHERE {in_range} FOR UPDATE SKIP LOCKED)"
-    )
-    # Only a live request renews its lease, and only while its row is still its own.
-    renew = (
-        f"UPDATE {t} SET {c('locked_until')} = %s "  # noqa: S608
-        f"WHERE {c('id')} = %s AND {c('lease_version')} = %s AND {c('state')} = 'in_progress'"
-    )
-    replay = (
-        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
-        f"{c('last_replayed_at')} = %s "
-        f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
-        f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s "
-        f"RETURNING {c('response_status')}, {c('response_headers')}, {c('response_body')}, "
-        f"{c('replay_count')}, {c('expires_at')}"
-    )
-    # A replay writes nothing but its count, and losing a count in a crash is harmless: on
-    # PostgreSQL its transaction may commit without waiting for the WAL flush, which is most of
-    # what a replay would otherwise cost.
-    relax = "set_config('synchronous_commit', 'off', true)"
-    replay_relaxed = f"{replay}, {relax}" if vendor == "postgresql" else replay
-    if vendor != "postgresql":
-        claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
-        return _Statements(
-            claim, replay, replay_relaxed, None, None, complete, fail, renew,
-            release_expired, purge_range, None, None,
-        )  # fmt: skip
-    # One round trip: the CTE sets a transaction-local lock_timeout before the insert can wait
-    # on a duplicate's uncommitted row, and RETURNING puts the previous value back once the
-    # claim is won, so the view's own queries are not bounded by it. A claim that loses (a
-    # replay, a mismatch) runs no view and its transaction ends at once; only an enclosing
-    # ATOMIC_REQUESTS transaction keeps the bound until the request ends.
-    bounded_insert = (
-        "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "
-        "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous)"
-    )
-    restore = "set_config('lock_timeout', (SELECT value FROM previous), true)"
-    claim = (
-        f"{bounded_insert} INSERT INTO {t} ({columns}) SELECT {values} "  # noqa: S608
-        f"FROM bounded {conflict}, {restore}"
-    )
-
-    # The claim and the replay in one round trip: the UPDATE runs only if the INSERT claimed
-    # nothing, and finds the row if it was committed before the statement began. A row that a
-    # concurrent request committed while the INSERT waited for it is not in the statement's
-    # snapshot: then the replay is left to a second statement.
-    # Its last column is selected so that the function runs.
-    update, returning = replay.split(" RETURNING ", 1)
-
-    def claim_or_replay(last: str) -> str:
-        return (
-            f"{bounded_insert}, claimed AS (INSERT INTO {t} ({columns}) "  # noqa: S608
-            f"SELECT {values} FROM bounded {conflict}, {restore} AS done), "
-            f"replayed AS ({update} AND NOT EXISTS (SELECT FROM claimed) "
-            f"RETURNING {returning}) "
-            f"SELECT {c('id')}, {c('lease_version')}, {c('attempts')}, "
-            "NULL, NULL, NULL, NULL, NULL, done FROM claimed UNION ALL "
-            f"SELECT NULL, NULL, NULL, {c('response_status')}, {c('response_headers')}, "
-            f"{c('response_body')}, {c('replay_count')}, {c('expires_at')}, {last} FROM replayed"
-        )
-
-    return _Statements(
-        claim,
-        replay,
-        replay_relaxed,
-        claim_or_replay("NULL"),
-        claim_or_replay(relax),
-        complete,
-        fail,
-        renew,
-        release_expired,
-        purge_range,
-        purge_range_bounded,
-        purge_range_skip_locked,
-    )
-
-
 # Built once per database vendor, not per request.
-_STATEMENTS: dict[str, _Statements] = {}
+_STATEMENTS: dict[str, Statements] = {}
+_MARIADB_STATEMENTS: list[MariaDBStatements] = []
 
 
 class KeyStore:
     """The key table's queries on one database alias; cheap to create for each request."""
+
+    def __new__(cls, using: str) -> KeyStore:
+        # MariaDB claims differently; a caller need not know which database it talks to.
+        if cls is KeyStore and connections[using].vendor == "mysql":
+            return super().__new__(MariaDBKeyStore)
+        return super().__new__(cls)
 
     def __init__(self, using: str) -> None:
         self.using = using
         self.connection: BaseDatabaseWrapper = connections[using]
         vendor = self.connection.vendor
         if vendor not in _STATEMENTS:
-            _STATEMENTS[vendor] = _build_statements(vendor, self.connection.ops.quote_name)
+            _STATEMENTS[vendor] = statements.build(vendor, self.connection.ops.quote_name)
         self.sql = _STATEMENTS[vendor]
 
     def _prep(self, name: str, value: Any) -> Any:
-        return _field(name).get_db_prep_save(value, self.connection)
+        return key_field(name).get_db_prep_save(value, self.connection)
 
     def acquire(
         self, new: NewKey, *, relaxed_commit: bool = False
@@ -338,16 +192,22 @@ class KeyStore:
 
     def _claim_params(self, new: NewKey) -> list[Any]:
         prepared_now = self._prep("expires_at", new.now)
-        params = [
-            new.scope, new.key, new.method, new.route, new.fingerprint,
-            "in_progress", 1, self._prep("locked_until", new.locked_until), 1,
-            self._prep("created_at", new.now), self._prep("expires_at", new.expires_at), 0,
-            prepared_now, prepared_now,
-        ]  # fmt: skip
+        params = [*self._inserted(new).values(), prepared_now, prepared_now]
         if self.connection.vendor == "postgresql":
             # PostgreSQL reads a lock_timeout of 0 as "wait forever": the shortest wait is 1 ms.
             params.insert(0, f"{max(1, round(new.wait_timeout * 1000))}ms")
         return params
+
+    def _inserted(self, new: NewKey) -> dict[str, Any]:
+        """The new row's values, by column, in the order of ``statements.INSERTED``."""
+        values = {
+            "scope": new.scope, "key": new.key, "method": new.method, "route": new.route,
+            "fingerprint": new.fingerprint, "state": "in_progress", "lease_version": 1,
+            "locked_until": self._prep("locked_until", new.locked_until), "attempts": 1,
+            "created_at": self._prep("created_at", new.now),
+            "expires_at": self._prep("expires_at", new.expires_at), "replay_count": 0,
+        }  # fmt: skip
+        return {name: values[name] for name in statements.INSERTED}
 
     def _replay_params(self, scope: str, key: str, fingerprint: str, now: datetime) -> list[Any]:
         prepared_now = self._prep("last_replayed_at", now)
@@ -385,8 +245,11 @@ class KeyStore:
             row = cursor.fetchone()
         if row is not None:
             return _stored(row[:5])
+        return self._conflict(scope, key, fingerprint)
+
+    def _conflict(self, scope: str, key: str, fingerprint: str) -> Conflict:
         stored_fingerprint = (
-            _model()
+            key_model()
             .objects.using(self.using)
             .filter(scope=scope, key=key)
             .values_list("fingerprint", flat=True)
@@ -438,14 +301,19 @@ class KeyStore:
         What the sweeper and the admin's release action do; each call commits on its own.
         Return how many were released.
         """
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(*self._expired_leases(now, limit, ids))
+            return int(cursor.rowcount)
+
+    def _expired_leases(
+        self, now: datetime, limit: int, ids: Sequence[int] | None
+    ) -> tuple[str, list[Any]]:
         only, params = "", [self._prep("locked_until", now)]
         if ids is not None:
-            column = self.connection.ops.quote_name(_field("id").column)
-            only = f" AND {column} IN ({', '.join(['%s'] * len(ids)) or 'NULL'})"
+            column = self.connection.ops.quote_name(key_field("id").column)
+            only = f" AND {column} IN ({_placeholders(ids) or 'NULL'})"
             params += ids
-        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-            cursor.execute(self.sql.release_expired.format(only=only), [*params, limit])
-            return int(cursor.rowcount)
+        return self.sql.release_expired.format(only=only), [*params, limit]
 
     def purge_range(self, low: int, high: int, now: datetime) -> int:
         """Delete the expired rows with ``low <= id < high``, in a transaction of their own."""
@@ -466,3 +334,130 @@ class KeyStore:
         with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
             cursor.execute(self.sql.purge_range_skip_locked, params)
             return int(cursor.rowcount)
+
+
+class MariaDBKeyStore(KeyStore):
+    """The key table on MariaDB, which has neither ``ON CONFLICT`` nor ``UPDATE … RETURNING``.
+
+    A claim inserts the row, or, on a duplicate, locks the row that holds the key (waiting, up to
+    the request's wait timeout, for a concurrent request's uncommitted row). Holding that lock,
+    it reads the row and decides in Python, as PostgreSQL's statement does in SQL: take an
+    expired, failed or lease-lost row over; replay a completed one; or say why neither. No
+    statement after the first waits: the row is already this transaction's.
+    """
+
+    def __init__(self, using: str) -> None:
+        super().__init__(using)
+        if not _MARIADB_STATEMENTS:
+            _MARIADB_STATEMENTS.append(statements.mariadb(self.connection.ops.quote_name))
+        self.more = _MARIADB_STATEMENTS[0]
+
+    def acquire(
+        self, new: NewKey, *, relaxed_commit: bool = False
+    ) -> Claim | StoredResponse | Conflict:
+        # relaxed_commit has no MariaDB counterpart: flushing the log is a server-wide setting.
+        return self._claim(new, replay=True)
+
+    def claim(self, new: NewKey) -> Claim | None:
+        found = self._claim(new, replay=False)
+        return found if isinstance(found, Claim) else None
+
+    def _claim_params(self, new: NewKey) -> list[Any]:
+        # innodb_lock_wait_timeout counts whole seconds, and 0 would not wait at all.
+        return [max(1, math.ceil(new.wait_timeout)), *self._inserted(new).values()]
+
+    def _claim(self, new: NewKey, *, replay: bool) -> Claim | StoredResponse | Conflict:
+        deadline = time.monotonic() + new.wait_timeout
+        with self.connection.cursor() as cursor:
+            while True:
+                self._insert(cursor, new, deadline)
+                if cursor.lastrowid:  # a new row: LAST_INSERT_ID(0) marks a duplicate
+                    return Claim(cursor.lastrowid, 1, 1, new.expires_at)
+                cursor.execute(self.more.locked_row, [new.scope, new.key])
+                row = cursor.fetchone()
+                if row is not None:
+                    break
+                # Unreachable while the insert's lock holds the row; should a purge have taken it
+                # in between, the key is new again.
+            id_, version, attempts, state, fingerprint, locked_until, *response = row
+            if (
+                _aware(response[-1]) <= new.now  # expires_at
+                or state == "failed"
+                or (locked_until is not None and _aware(locked_until) <= new.now)
+            ):
+                inserted = self._inserted(new)
+                renewed = [inserted[name] for name in statements.RENEWED]
+                cursor.execute(self.more.take_over, [*renewed, id_])
+                attempts = 1 if state == "succeeded" else attempts + 1
+                return Claim(id_, version + 1, attempts, new.expires_at)
+            if replay and state == "succeeded" and fingerprint == new.fingerprint:
+                now = self._prep("last_replayed_at", new.now)
+                cursor.execute(self.more.count_replay, [now, id_])
+                stored = _stored(tuple(response))
+                return replace(stored, replay_count=stored.replay_count + 1)
+        return Conflict(fingerprint_matches=fingerprint == new.fingerprint)
+
+    def _insert(self, cursor: Any, new: NewKey, deadline: float) -> None:
+        """Insert the key's row, or lock the row that holds it; ``KeyBusy`` if the wait ran out.
+
+        A deadlock is what InnoDB makes of several requests waiting on a row whose insert rolled
+        back (the first request failed): it rolls back all but one of them. The engine claims
+        first thing in a transaction of its own, so then nothing is lost and the claim is tried
+        again; inside an enclosing transaction (ATOMIC_REQUESTS) the request answers "in
+        progress", and its client retries.
+        """
+        while True:
+            try:
+                cursor.execute(self.sql.claim, self._claim_params(new))
+            except OperationalError as exc:
+                error = mariadb_error(exc)
+                alone = len(self.connection.atomic_blocks) == 1
+                if error == DEADLOCK and alone and time.monotonic() < deadline:
+                    continue
+                if error in (DEADLOCK, LOCK_WAIT_TIMEOUT):
+                    raise KeyBusy from exc
+                raise
+            return
+
+    def replay(
+        self,
+        *,
+        scope: str,
+        key: str,
+        fingerprint: str,
+        now: datetime,
+        relaxed_commit: bool = False,
+    ) -> StoredResponse | Conflict:
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.replay, self._replay_params(scope, key, fingerprint, now))
+            if cursor.rowcount == 1:  # Django's MariaDB connections count the rows matched
+                cursor.execute(self.more.stored, [scope, key])
+                return _stored(cursor.fetchone())
+        return self._conflict(scope, key, fingerprint)
+
+    def release_expired(
+        self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
+    ) -> int:
+        # MariaDB refuses a LIMIT in an IN subquery: the rows are picked, then released.
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(*self._expired_leases(now, limit, ids))
+            return self._apply(cursor, self.more.release_picked)
+
+    def purge_range(self, low: int, high: int, now: datetime) -> int:
+        # A row a request holds (taking that expired key over) is skipped: the next run has it.
+        params = [low, high, self._prep("expires_at", now)]
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(self.more.purge_pick, params)
+            return self._apply(cursor, self.more.purge_picked)
+
+    @staticmethod
+    def _apply(cursor: Any, template: str) -> int:
+        """Run ``template`` on the ids the cursor's pick locked; return how many there were."""
+        picked = [row[0] for row in cursor.fetchall()]
+        if picked:
+            cursor.execute(template.format(ids=_placeholders(picked)), picked)
+        return len(picked)
+
+
+def _placeholders(values: Sequence[Any]) -> str:
+    return ", ".join(["%s"] * len(values))

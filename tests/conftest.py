@@ -14,7 +14,14 @@ from django.test.client import FakePayload
 from tests.factories import UserFactory
 
 POSTGRESQL = os.environ.get("TEST_DATABASE") == "postgresql"
+MARIADB = os.environ.get("TEST_DATABASE") == "mariadb"
 CI = os.environ.get("CI", "").lower() == "true"
+
+
+def process_env(**extra: str) -> dict[str, str]:
+    """The environment of a process a test starts: this one's, on the same test database."""
+    name = {"postgresql": "TEST_PG_NAME", "mysql": "TEST_MARIADB_NAME"}[connection.vendor]
+    return {**os.environ, name: connection.settings_dict["NAME"], **extra}
 
 
 def redis_reachable() -> bool:
@@ -26,11 +33,15 @@ def redis_reachable() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    # PostgreSQL-only tests are skipped on SQLite; runtests.py runs the suite on both.
+    # Tests of races need a database server: runtests.py runs the suite on SQLite, PostgreSQL
+    # and MariaDB. A few look at what only PostgreSQL has.
+    skip_server_db = pytest.mark.skip(reason="needs TEST_DATABASE=postgresql or mariadb")
     skip_postgresql = pytest.mark.skip(reason="needs PostgreSQL: TEST_DATABASE=postgresql")
     # Redis tests need a Redis on 127.0.0.1:6379; in CI a missing one is a failure.
     skip_redis = None if CI or redis_reachable() else pytest.mark.skip(reason="needs Redis")
     for item in items:
+        if "server_db" in item.keywords and not (POSTGRESQL or MARIADB):
+            item.add_marker(skip_server_db)
         if "postgresql" in item.keywords and not POSTGRESQL:
             item.add_marker(skip_postgresql)
         if "redis" in item.keywords and skip_redis is not None:

@@ -1,7 +1,7 @@
 """A worker process for the lease tests: sends one lease-mode request that holds, to be killed.
 
-Run as ``python -m tests.lease_worker USERNAME KEY`` with TEST_DATABASE=postgresql and
-TEST_PG_NAME set to the test database.
+Run as ``python -m tests.lease_worker USERNAME KEY`` with TEST_DATABASE and TEST_PG_NAME (or
+TEST_MARIADB_NAME) set to the test database.
 """
 
 from __future__ import annotations

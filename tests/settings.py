@@ -54,6 +54,19 @@ if os.environ.get("TEST_DATABASE") == "postgresql":
             "NAME": os.environ.get("TEST_PG_NAME", "django_idempotency"),
         }
     }
+elif os.environ.get("TEST_DATABASE") == "mariadb":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "HOST": os.environ.get("MARIADB_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("MARIADB_PORT", "3306"),
+            "USER": os.environ.get("MARIADB_USER", "root"),
+            "PASSWORD": os.environ.get("MARIADB_PASSWORD", ""),
+            "NAME": os.environ.get("TEST_MARIADB_NAME", "django_idempotency"),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    }
 else:
     DATABASES = {
         "default": {

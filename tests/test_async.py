@@ -69,7 +69,7 @@ def test_a_failing_async_view_leaves_nothing_and_its_retry_runs_again(failure):
     assert IdempotencyKey.objects.count() == 1
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_concurrent_async_duplicates_have_one_effect_and_the_same_answer():
     async def scenario():
         return await asyncio.gather(

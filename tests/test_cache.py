@@ -104,7 +104,7 @@ def test_a_response_that_is_rolled_back_is_never_cached(client_alice, key, repla
     assert (Payment.objects.count(), LedgerEntry.objects.count()) == (1, 1)
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_concurrent_duplicates_with_a_cache_flushed_meanwhile_make_one_payment(
     alice, key, replay_cache
 ):
@@ -265,7 +265,7 @@ def test_the_bypass_ends_once_the_cache_answers_again(client_alice, own_redis, c
     assert Payment.objects.count() == 1
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_concurrent_requests_trip_the_breaker_once_and_stop_paying_the_timeout(
     alice, own_redis, caplog
 ):

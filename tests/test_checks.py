@@ -103,8 +103,34 @@ def test_good_settings(setting):
 
 def test_an_unsupported_database_is_an_error(monkeypatch):
     assert check_database() == []
-    monkeypatch.setattr(connection, "vendor", "mysql")
+    monkeypatch.setattr(connection, "vendor", "oracle")
     assert ids(check_database()) == ["django_idempotency.E012"]
+
+
+@pytest.mark.parametrize(
+    ("is_mariadb", "version", "isolation", "expected"),
+    [
+        (True, (10, 11, 9), "read committed", []),
+        (True, (10, 6, 0), "repeatable read", []),
+        (True, (10, 5, 20), "read committed", ["django_idempotency.E028"]),
+        (False, (8, 4, 0), "read committed", ["django_idempotency.E028"]),
+        (True, (10, 11, 9), "serializable", ["django_idempotency.W006"]),
+    ],
+)
+def test_a_mariadb_server_is_checked_when_django_connects(
+    monkeypatch, is_mariadb, version, isolation, expected
+):
+    from django_idempotency.checks import check_mariadb  # noqa: PLC0415
+
+    monkeypatch.setattr(connection, "vendor", "mysql")
+    for name, value in [
+        ("mysql_is_mariadb", is_mariadb),
+        ("mysql_version", version),
+        ("isolation_level", isolation),
+    ]:
+        monkeypatch.setattr(connection, name, value, raising=False)
+    assert ids(check_mariadb(databases=["default"])) == expected
+    assert check_mariadb(databases=None) == []  # `check` without --database connects to none
 
 
 def test_an_old_sqlite_is_an_error(monkeypatch):

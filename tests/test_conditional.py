@@ -232,7 +232,7 @@ def test_a_retried_update_with_its_key_replays_instead_of_failing_412(client_ali
 # Races on PostgreSQL: real threads, each with its own connection.
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("url", [VERSIONED, BY_CONTENT, PLAIN])
 def test_concurrent_updates_with_one_etag_have_exactly_one_winner(alice, url):
@@ -255,7 +255,7 @@ def test_concurrent_updates_with_one_etag_have_exactly_one_winner(alice, url):
     assert document.title == f"writer {winner}"
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_unconditional_updates_all_apply_and_count_every_version(alice):
     document = Document.objects.create(title="draft")
@@ -272,7 +272,7 @@ def test_concurrent_unconditional_updates_all_apply_and_count_every_version(alic
     assert document.version == 9
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_retries_of_one_keyed_update_answer_alike_and_apply_once(alice):
     document = Document.objects.create(title="draft")

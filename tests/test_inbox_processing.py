@@ -269,7 +269,7 @@ def test_handlers_register_per_source_and_type_with_a_fallback():
 # PostgreSQL: real threads, each with its own connection.
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_fifty_concurrent_deliveries_of_one_event_record_it_once_and_process_it_once():
     payload = refund_event()
 
@@ -281,7 +281,7 @@ def test_fifty_concurrent_deliveries_of_one_event_record_it_once_and_process_it_
     assert Refund.objects.count() == 1
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_triggers):
     pk = receive("tests", "evt_1", "refund.succeeded", refund_event(sleep_first=0.5)).event.pk
 
@@ -294,7 +294,7 @@ def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_tr
     assert InboxEvent.objects.get().attempts in (1, 2)
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_the_periodic_run_skips_an_event_mid_attempt(lost_triggers):
     pk = receive("tests", "evt_1", "refund.succeeded", refund_event(sleep_first=1.0)).event.pk
     worker = threading.Thread(target=_process_and_close, args=(pk,))
@@ -311,7 +311,7 @@ def test_the_periodic_run_skips_an_event_mid_attempt(lost_triggers):
     assert Refund.objects.count() == 1
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_two_periodic_runs_at_once_dispatch_each_event_once(lost_triggers):
     for n in range(200):
         receive("tests", f"evt_{n}", "customer.created", {"n": n})

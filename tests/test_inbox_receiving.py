@@ -26,7 +26,7 @@ def test_the_payload_hash_ignores_key_order_and_accepts_large_integers():
     assert payload_hash({"id": 2**64}) != payload_hash({"id": 2**64 + 1})
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_a_duplicate_that_waited_for_the_first_delivery_to_commit_is_seen_as_a_duplicate():
     inserted, release = threading.Event(), threading.Event()
 

@@ -59,6 +59,13 @@ def test_a_signed_event_is_recorded_then_processed():
     assert list(Refund.objects.values_list("event_id", "amount")) == [(payload["id"], 700)]
 
 
+def test_event_ids_that_differ_only_in_case_are_two_events():
+    # Many senders' ids are case-sensitive (evt_1AbC, evt_1abc): MariaDB's columns compare bytes.
+    for event_id in ("evt_1AbC", "evt_1abc"):
+        assert deliver(refund_event(event_id, amount=5)).json() == {"status": "processed"}
+    assert Refund.objects.count() == 2
+
+
 def test_a_duplicate_answers_200_and_is_not_processed_again():
     payload = refund_event()
     deliver(payload)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from django.utils import timezone
 from django_idempotency.engine import Engine
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import KeyStore, NewKey
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Charge, Payment
 from tests.testapp.views import LeasePaymentView, RecoveringLeasePaymentView
@@ -124,7 +123,7 @@ class TestLeaseRequests:
         assert IdempotencyKey.objects.count() == 0
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 class TestLeaseConcurrency:
     def start(self, work):
@@ -182,11 +181,7 @@ class TestLeaseConcurrency:
         assert Payment.objects.count() == 1
 
     def test_a_killed_worker_is_recovered_after_its_lease_runs_out(self, alice, key):
-        env = {
-            **os.environ,
-            "TEST_DATABASE": "postgresql",
-            "TEST_PG_NAME": connection.settings_dict["NAME"],
-        }
+        env = process_env()
         worker = subprocess.Popen(
             [sys.executable, "-m", "tests.lease_worker", alice.username, key], cwd=ROOT, env=env
         )
@@ -266,15 +261,25 @@ class TestLeaseConcurrency:
         assert (row.state, row.lease_version, row.attempts) == ("succeeded", 2, 2)
 
     def test_parallel_sweepers_take_each_expired_lease_once(self):
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
-                "fingerprint, state, lease_version, locked_until, attempts, created_at, "
-                "expires_at, replay_count) SELECT 's', 'k' || n, 'POST', 'r/', %s, "
-                "'in_progress', 1, now() - interval '1 second', 1, now(), "
-                "now() + interval '1 day', 0 FROM generate_series(1, 10000) AS n",
-                ["f" * 64],
+        columns = (
+            "INSERT INTO django_idempotency_idempotencykey (scope, {key}, method, route, "
+            "fingerprint, state, lease_version, locked_until, attempts, created_at, "
+            "expires_at, replay_count) "
+        )
+        if connection.vendor == "mysql":
+            sql = columns.format(key="`key`") + (  # noqa: S608 - constants
+                "SELECT 's', CONCAT('k', seq), 'POST', 'r/', %s, 'in_progress', 1, "
+                "UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, 1, UTC_TIMESTAMP(6), "
+                "UTC_TIMESTAMP(6) + INTERVAL 1 DAY, 0 FROM seq_1_to_10000"
             )
+        else:
+            sql = columns.format(key="key") + (
+                "SELECT 's', 'k' || n, 'POST', 'r/', %s, 'in_progress', 1, "
+                "now() - interval '1 second', 1, now(), now() + interval '1 day', 0 "
+                "FROM generate_series(1, 10000) AS n"
+            )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, ["f" * 64])
         from tests.test_store import in_threads  # noqa: PLC0415
 
         swept = in_threads(4, lambda _: IdempotencyKey.objects.sweep_expired_leases(batch_size=500))

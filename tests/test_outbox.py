@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -40,6 +40,7 @@ from django_idempotency.outbox import (
 )
 from django_idempotency.outbox import relaying as outbox_relay
 from django_idempotency.outbox.dispatchers import get_dispatcher, unregister
+from tests.conftest import process_env
 from tests.factories import OutboxMessageFactory
 from tests.test_store import in_threads
 from tests.testapp import outbox as test_outbox
@@ -369,7 +370,7 @@ def run_command(*args):
 # PostgreSQL: several relays at once, and relays killed mid-batch.
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_three_relays_at_once_over_ten_thousand_messages_send_each_exactly_once(
     periodic_only, recorded
 ):
@@ -385,7 +386,7 @@ def test_three_relays_at_once_over_ten_thousand_messages_send_each_exactly_once(
     assert not OutboxMessage.objects.exclude(status="dispatched").exists()
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_concurrent_relays_keep_each_ordering_key_in_order(periodic_only, recorded):
     OutboxMessage.objects.bulk_create(
         OutboxMessageFactory.build(ordering_key=f"key-{n % 10}") for n in range(500)
@@ -400,7 +401,7 @@ def test_concurrent_relays_keep_each_ordering_key_in_order(periodic_only, record
         assert sent == sorted(sent), key
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_each_once(
     server, periodic_only
 ):
@@ -414,13 +415,9 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
         duplicates.append(1)
 
     signals.inbox_event_duplicate.connect(on_duplicate)
-    env = {
-        **os.environ,
-        "TEST_DATABASE": "postgresql",
-        "TEST_PG_NAME": connection.settings_dict["NAME"],
-        "TEST_OUTBOX_URL": f"{server}/webhooks/outbox/",
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-    }
+    env = process_env(
+        TEST_OUTBOX_URL=f"{server}/webhooks/outbox/", DJANGO_SETTINGS_MODULE="tests.settings"
+    )
     command = [
         sys.executable,
         "-m",

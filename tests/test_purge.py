@@ -112,23 +112,34 @@ class TestPurgeExpired:
 
 
 def make_many_keys(count: int) -> int:
-    """Like ``make_keys(count)``, in one statement (PostgreSQL only)."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO django_idempotency_idempotencykey (scope, key, method, route, "
-            "fingerprint, state, lease_version, attempts, created_at, expires_at, replay_count) "
+    """Like ``make_keys(count)``, in one statement."""
+    columns = (
+        "INSERT INTO django_idempotency_idempotencykey (scope, {key}, method, route, "
+        "fingerprint, state, lease_version, attempts, created_at, expires_at, replay_count) "
+    )
+    if connection.vendor == "mysql":
+        sql = columns.format(key="`key`") + (  # noqa: S608 - constants
+            "SELECT 'user:1 POST payments/', CONCAT('key-', seq), 'POST', 'payments/', %s, "  # noqa: S608
+            "'succeeded', 1, 1, t, t + INTERVAL 24 HOUR, 0 FROM (SELECT seq, "
+            f"%s - INTERVAL IF(seq %% 2 = 0, 2, 0) DAY AS t FROM seq_0_to_{count - 1}) AS created"
+        )
+        params = ["0" * 64, NOW.replace(tzinfo=None)]  # MariaDB's columns hold UTC
+    else:
+        sql = columns.format(key="key") + (  # noqa: S608 - constants
             "SELECT 'user:1 POST payments/', 'key-' || n, 'POST', 'payments/', %s, "
             "'succeeded', 1, 1, t, t + interval '24 hours', 0 FROM generate_series(0, %s) AS n, "
             "LATERAL (SELECT %s - CASE WHEN n %% 2 = 0 THEN interval '2 days' "
-            "ELSE interval '0' END AS t) AS created",
-            ["0" * 64, count - 1, NOW],
+            "ELSE interval '0' END AS t) AS created"
         )
+        params = ["0" * 64, count - 1, NOW]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
     return (count + 1) // 2
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
-class TestPurgeOnPostgreSQL:
+class TestPurgeOnServers:
     def test_two_purges_at_once_delete_exactly_the_expired_keys(self):
         expired = make_many_keys(100_000)
         results, errors = [], []
@@ -152,6 +163,7 @@ class TestPurgeOnPostgreSQL:
         assert IdempotencyKey.objects.count() == 50_000
         assert not IdempotencyKey.objects.filter(expires_at__lte=NOW).exists()
 
+    @pytest.mark.postgresql
     def test_a_batch_reads_the_primary_key_range(self):
         make_keys(2_000)
         with connection.cursor() as cursor:
@@ -165,7 +177,7 @@ class TestPurgeOnPostgreSQL:
         assert "django_idempotency_idempotencykey_pkey" in plan, plan
 
 
-@pytest.mark.postgresql
+@pytest.mark.server_db
 @pytest.mark.django_db(transaction=True)
 def test_a_purge_does_not_wait_for_a_request_holding_an_expired_key():
     make_keys(40)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -10,7 +9,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
@@ -24,6 +22,7 @@ from django_idempotency.tasks import (
     sweep_expired_leases,
 )
 from tests.celery_app import app
+from tests.conftest import process_env
 from tests.factories import IdempotencyKeyFactory, InboxEventFactory
 from tests.inbox import deliver, refund_event
 from tests.test_purge import make_many_keys
@@ -31,16 +30,12 @@ from tests.testapp.models import Refund
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = [pytest.mark.postgresql, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.server_db, pytest.mark.redis, pytest.mark.django_db(transaction=True)]
 
 
 def start_worker():
     """Start a Celery worker on the test database; return its process once it answers."""
-    env = {
-        **os.environ,
-        "TEST_DATABASE": "postgresql",
-        "TEST_PG_NAME": connection.settings_dict["NAME"],
-    }
+    env = process_env()
     process = subprocess.Popen(
         [
             sys.executable,

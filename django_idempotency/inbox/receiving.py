@@ -1,7 +1,8 @@
 """Recording a delivered inbox event once, however often it is delivered.
 
-Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id): the unique index is
-the only arbiter between duplicate deliveries. A duplicate is not recorded or dispatched again;
+Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id) (on MariaDB, an
+``INSERT … ON DUPLICATE KEY UPDATE`` that changes nothing): the unique index is the only arbiter
+between duplicate deliveries. A duplicate is not recorded or dispatched again;
 a new event is dispatched (see ``processing``) once the caller's transaction commits.
 """
 
@@ -170,6 +171,10 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
             cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
             if row := cursor.fetchone():
                 return int(row[0]), bool(row[1]), str(row[2])
+        elif connection.vendor == "mysql":
+            cursor.execute(_statements(using).insert, params)
+            if cursor.lastrowid:  # LAST_INSERT_ID(0) marks a duplicate
+                return int(cursor.lastrowid), True, event.payload_hash
         else:
             cursor.execute(_statements(using).insert, params)
             if row := cursor.fetchone():
@@ -191,7 +196,8 @@ class _Statements(NamedTuple):
 
 @cache
 def _statements(using: str) -> _Statements:
-    quote = connections[using].ops.quote_name
+    connection = connections[using]
+    quote = connection.ops.quote_name
     table = quote(InboxEvent._meta.db_table)
     columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
     pk, source, event_id, payload_hash = (
@@ -204,6 +210,18 @@ def _statements(using: str) -> _Statements:
         f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
     )
     where = f"{source} = %s AND {event_id} = %s"
+    if connection.vendor == "mysql":
+        # The duplicate's row is locked by the insert already: the locking read waits for
+        # nothing, and sees the row however old the transaction's snapshot.
+        values = ", ".join(["%s"] * len(_INSERT_FIELDS))
+        return _Statements(
+            insert=(
+                f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608
+                f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
+            ),
+            record="",
+            select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
+        )
     return _Statements(
         insert=insert,
         record=(

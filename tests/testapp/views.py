@@ -51,7 +51,10 @@ def create_payment(request, data):
     if request.headers.get("X-Fail") == "disconnect":
         # The server ends this session, as a failover or a restart would.
         with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            else:
+                cursor.execute(f"KILL {int(connection.connection.thread_id())}")
     return payment
 
 
