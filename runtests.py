@@ -149,7 +149,7 @@ def installed_package(env: dict[str, str]) -> Path:
     if where.returncode != 0:
         sys.exit(f"--installed: {PACKAGE} is not installed:\n{where.stderr}")
     package = Path(where.stdout.strip()).resolve()
-    if package.is_relative_to(ROOT):
+    if package == ROOT / PACKAGE:
         sys.exit(f"--installed: {PACKAGE} imports from this checkout ({package}): install a wheel")
     return package
 
