@@ -1,83 +1,211 @@
 #!/usr/bin/env python
-"""Run the test suite on SQLite, then on PostgreSQL, then the example project's tests.
+"""Run the test suite once per database, then the example project's tests.
 
-PostgreSQL is used when it answers on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres).
-With CI=true a PostgreSQL that does not answer is a failure, not a skip. Extra arguments are
-passed to pytest. Coverage of both database runs is combined and checked.
+The database passes run in order (see DATABASE_PASSES): SQLite, then PostgreSQL when one answers
+on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres). With CI=true a database server that
+does not answer is a failure, not a skip. Coverage of the database passes is combined and
+checked once every one of them has run.
+
+Arguments other than the options below are passed to pytest; given any, the example project's
+tests and the coverage floor are left out.
+
+  --installed        test the django-idempotency that is installed (the built wheel, as tox
+                     installs it), not this checkout's source, which is then kept off sys.path.
+  --databases NAMES  run only these database passes, by TEST_DATABASE name: "sqlite" or
+                     "sqlite,postgresql" (default: all of them).
+
+Deprecation warnings that django_idempotency's own modules cause are errors in every pass, also
+those raised while Django starts, before pytest's own filters apply.
+
+Each pytest pass writes a JUnit report into TEST_REPORTS (default: a new temporary directory).
+The last line printed is the totals of every report there, so runs that share one TEST_REPORTS
+directory (say, one per Python and Django) end with the totals of them all.
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
+import platform
 import socket
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections import Counter
+from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).resolve().parent
+PACKAGE = "django_idempotency"
 COVERAGE_FLOOR = 98
 
 
-def postgres_reachable() -> bool:
-    host = os.environ.get("PGHOST", "127.0.0.1")
-    port = int(os.environ.get("PGPORT", "5432"))
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False
+def answers(host_variable: str, port_variable: str, default_port: int) -> Callable[[], bool]:
+    """Whether a server answers on the host and port that the environment names."""
 
+    def reachable() -> bool:
+        host = os.environ.get(host_variable, "127.0.0.1")
+        port = int(os.environ.get(port_variable, str(default_port)))
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return True
+        except OSError:
+            return False
+
+    return reachable
+
+
+@dataclass(frozen=True)
+class DatabasePass:
+    """One run of the whole suite on one database (TEST_DATABASE in tests/settings.py)."""
+
+    name: str
+    database: str
+    reachable: Callable[[], bool] = lambda: True
+
+
+DATABASE_PASSES = [
+    DatabasePass("SQLite", "sqlite"),
+    DatabasePass("PostgreSQL", "postgresql", answers("PGHOST", "PGPORT", 5432)),
+]
 
 # Each pytest pass writes a JUnit report here; the totals of them all are printed last.
-REPORTS = Path(tempfile.mkdtemp(prefix="test-reports-"))
-TOTALS: Counter[str] = Counter()
+REPORTS = Path(os.environ.get("TEST_REPORTS") or tempfile.mkdtemp(prefix="test-reports-"))
+REPORTS.mkdir(parents=True, exist_ok=True)
 
 
-def run(title: str, command: list[str], cwd: Path = ROOT, **env: str) -> None:
+def report_name(what: str) -> str:
+    """A new report's file name: in the order run, saying which Python and Django ran it."""
+    number = len(list(REPORTS.glob("*.xml"))) + 1
+    python = ".".join(platform.python_version_tuple()[:2])
+    return f"{number:02d}-py{python}-django{version('django')}-{what}.xml"
+
+
+def run(title: str, command: list[str], cwd: Path, env: dict[str, str], report: str = "") -> None:
     print(f"\n=== {title}", flush=True)
-    if "pytest" in command:
-        command = [*command, f"--junitxml={REPORTS / f'{len(list(REPORTS.iterdir()))}.xml'}"]
-    completed = subprocess.run(command, cwd=cwd, env={**os.environ, **env}, check=False)
+    if report:
+        command = [*command, f"--junitxml={REPORTS / report_name(report)}"]
+    completed = subprocess.run(command, cwd=cwd, env=env, check=False)
     if completed.returncode != 0:
         sys.exit(completed.returncode)
 
 
-def count(report: Path) -> None:
+def count(report: Path) -> Counter[str]:
+    totals: Counter[str] = Counter()
     for suite in ET.parse(report).getroot().iter("testsuite"):  # noqa: S314 - our own file
         tests, skipped = int(suite.get("tests", 0)), int(suite.get("skipped", 0))
         failed = int(suite.get("failures", 0)) + int(suite.get("errors", 0))
-        TOTALS.update(passed=tests - skipped - failed, failed=failed, skipped=skipped)
+        totals.update(passed=tests - skipped - failed, failed=failed, skipped=skipped)
+    return totals
+
+
+def in_words(counts: Counter[str]) -> str:
+    return f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped"
 
 
 @atexit.register
 def print_totals() -> None:
     """End with every pass's totals on one line, in pytest's words, failures included."""
-    for report in sorted(REPORTS.glob("*.xml")):
-        count(report)
-    passes = len(list(REPORTS.glob("*.xml")))
-    print(f"\n=== totals of {passes} test passes", flush=True)
-    print(f"{TOTALS['passed']} passed, {TOTALS['failed']} failed, {TOTALS['skipped']} skipped")
+    reports = sorted(REPORTS.glob("*.xml"))
+    totals: Counter[str] = Counter()
+    print(f"\n=== totals of {len(reports)} test passes", flush=True)
+    for report in reports:
+        counts = count(report)
+        totals.update(counts)
+        print(f"  {report.stem}: {in_words(counts)}")
+    print(in_words(totals), flush=True)
 
 
-def main(args: list[str]) -> None:
+def own_deprecations_are_errors() -> str:
+    """PYTHONWARNINGS entries that make deprecation warnings caused by our modules errors.
+
+    -W and PYTHONWARNINGS match a module's name exactly, so every module is named.
+    """
+    modules = []
+    for path in sorted((ROOT / PACKAGE).rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        modules.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    categories = ["DeprecationWarning", "PendingDeprecationWarning"]
+    return ",".join(f"error::{category}:{module}" for module in modules for category in categories)
+
+
+def installed_package(env: dict[str, str]) -> Path:
+    """The directory django_idempotency imports from, as the passes will see it."""
+    where = subprocess.run(
+        [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__path__[0])"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if where.returncode != 0:
+        sys.exit(f"--installed: {PACKAGE} is not installed:\n{where.stderr}")
+    package = Path(where.stdout.strip()).resolve()
+    if package == ROOT / PACKAGE:
+        sys.exit(f"--installed: {PACKAGE} imports from this checkout ({package}): install a wheel")
+    return package
+
+
+def environment(installed: bool) -> tuple[dict[str, str], list[str]]:
+    """The passes' environment, and the pytest options that go with it."""
+    warnings = [os.environ.get("PYTHONWARNINGS", ""), own_deprecations_are_errors()]
+    env = {**os.environ, "PYTHONWARNINGS": ",".join(filter(None, warnings))}
+    if not installed:
+        return env, ["--cov"]
+    # The tests import as the `tests` package from a directory that holds nothing else, and
+    # neither the working directory (PYTHONSAFEPATH, inherited by the tests' own subprocesses)
+    # nor pytest's rootdir (appended, not prepended) comes before the installed package.
+    shim = Path(tempfile.mkdtemp(prefix="installed-tests-"))
+    (shim / "tests").symlink_to(ROOT / "tests", target_is_directory=True)
+    paths = [str(shim), os.environ.get("PYTHONPATH", "")]
+    env.update(PYTHONSAFEPATH="1", PYTHONPATH=os.pathsep.join(filter(None, paths)))
+    package = installed_package(env)
+    print(f"Testing the installed {PACKAGE}: {package}", flush=True)
+    return env, ["--import-mode=append", f"--cov={package}"]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], allow_abbrev=False, add_help=False
+    )
+    parser.add_argument("--installed", action="store_true")
+    names = [database.database for database in DATABASE_PASSES]
+    parser.add_argument("--databases", type=lambda given: given.split(","), default=names)
+    options, args = parser.parse_known_args(argv)
+    if unknown := set(options.databases) - set(names):
+        parser.error(f"--databases: unknown {', '.join(sorted(unknown))}; known {', '.join(names)}")
+    chosen = [database for database in DATABASE_PASSES if database.database in options.databases]
     ci = os.environ.get("CI", "").lower() == "true"
-    pytest = [sys.executable, "-m", "pytest", "--cov", "--cov-report=", *args]
-    run("tests on SQLite", pytest, TEST_DATABASE="sqlite")
-    if postgres_reachable():
-        run("tests on PostgreSQL", [*pytest, "--cov-append"], TEST_DATABASE="postgresql")
+    env, options_of_env = environment(options.installed)
+    pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report=", *args]
+
+    ran = 0
+    for database in chosen:
+        if not database.reachable():
+            if ci:
+                sys.exit(f"{database.name} is not reachable, and CI=true requires it.")
+            print(f"\n{database.name} is not reachable: its tests were skipped.", flush=True)
+            continue
+        append = ["--cov-append"] if ran else []
+        command = [*pytest, *append]
+        title = f"tests on {database.name}"
+        run(title, command, ROOT, {**env, "TEST_DATABASE": database.database}, database.database)
+        ran += 1
+    if ran == len(DATABASE_PASSES):
         floor = [f"--fail-under={COVERAGE_FLOOR}"] if not args else []
-        run("coverage of both runs", [sys.executable, "-m", "coverage", "report", *floor])
-    elif ci:
-        print("PostgreSQL is not reachable, and CI=true requires it.", file=sys.stderr)
-        sys.exit(1)
-    else:
-        print("\nPostgreSQL is not reachable: its tests were skipped.", flush=True)
+        coverage = [sys.executable, "-m", "coverage", "report", *floor]
+        run(f"coverage of the {ran} database passes", coverage, ROOT, env)
     if not args:
-        run("example project", [sys.executable, "-m", "pytest", "-q"], ROOT / "example_project")
+        example = [sys.executable, "-m", "pytest", "-q"]
+        run("example project", example, ROOT / "example_project", env, "example")
 
 
 if __name__ == "__main__":
