@@ -2,8 +2,10 @@
 """Run the test suite once per database, then the example project's tests.
 
 The database passes run in order (see DATABASE_PASSES): SQLite, then PostgreSQL when one answers
-on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres). With CI=true a database server that
-does not answer is a failure, not a skip. Coverage of the database passes is combined and
+on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), then MariaDB when one answers on
+MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its driver, mysqlclient, is
+installed (the "mariadb" extra). With CI=true a database server that does not answer, or a
+missing driver, is a failure, not a skip. Coverage of the database passes is combined and
 checked once every one of them has run.
 
 Arguments other than the options below are passed to pytest; given any, the example project's
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import importlib.util
 import os
 import platform
 import socket
@@ -69,11 +72,13 @@ class DatabasePass:
     name: str
     database: str
     reachable: Callable[[], bool] = lambda: True
+    driver: str = ""  # a module the pass needs, that the test extra does not install
 
 
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
     DatabasePass("PostgreSQL", "postgresql", answers("PGHOST", "PGPORT", 5432)),
+    DatabasePass("MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb"),
 ]
 
 # Each pytest pass writes a JUnit report here; the totals of them all are printed last.
@@ -193,6 +198,12 @@ def main(argv: list[str]) -> None:
             if ci:
                 sys.exit(f"{database.name} is not reachable, and CI=true requires it.")
             print(f"\n{database.name} is not reachable: its tests were skipped.", flush=True)
+            continue
+        if database.driver and importlib.util.find_spec(database.driver) is None:
+            missing = f"{database.name}'s driver is not installed (pip install -e '.[mariadb]')"
+            if ci:
+                sys.exit(f"{missing}, and CI=true requires it.")
+            print(f"\n{missing}: its tests were skipped.", flush=True)
             continue
         append = ["--cov-append"] if ran else []
         command = [*pytest, *append]

@@ -58,8 +58,6 @@ def check_settings(
     return messages
 
 
-# The isolation levels under which every decision on a key holds: each is made on a locked row.
-MARIADB_ISOLATION_LEVELS = ("read committed", "repeatable read")
 
 
 @register(Tags.database)
@@ -89,11 +87,13 @@ def check_mariadb(
                 id="django_idempotency.E028",
             )
         ]
-    if connection.isolation_level not in MARIADB_ISOLATION_LEVELS:
+    # Every decision on a key is made on a locked row, under any level; but above READ
+    # COMMITTED, InnoDB's gap locks make concurrent relays, sweeps and purges deadlock.
+    if connection.isolation_level != "read committed":
         return [
             Warning(
-                f"The {alias!r} database runs at {connection.isolation_level!r}: "
-                "django_idempotency is tested at 'read committed' and 'repeatable read'.",
+                f"The {alias!r} database runs at {connection.isolation_level!r}: concurrent "
+                "outbox relays, inbox runs, sweeps and purges can deadlock there.",
                 hint="Remove OPTIONS['isolation_level'] to use Django's 'read committed'.",
                 id="django_idempotency.W006",
             )

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.store import KeyStore
+from django_idempotency.store import KeyStore, again_after_deadlocks
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -201,15 +201,20 @@ def _purge_batches(
     # MariaDB refuses a LIMIT in an IN subquery: there the batch is picked, then deleted.
     picked = connection.vendor == "mysql"
     cutoff = model._meta.get_field(done_at).get_db_prep_value(older_than, connection)  # type: ignore[union-attr] # a concrete field
-    started = time.monotonic()
-    deleted = 0
-    while max_seconds is None or time.monotonic() - started < max_seconds:
+
+    def batch() -> int:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
             cursor.execute(pick if picked else delete, [status, cutoff, batch_size])
             count = int(cursor.rowcount)
             if picked and (ids := [row[0] for row in cursor.fetchall()]):
                 marks = ", ".join(["%s"] * len(ids))
                 cursor.execute(f"DELETE FROM {table} WHERE {pk} IN ({marks})", ids)  # noqa: S608
+            return count
+
+    started = time.monotonic()
+    deleted = 0
+    while max_seconds is None or time.monotonic() - started < max_seconds:
+        count = again_after_deadlocks(batch)
         deleted += count
         if count < batch_size:
             break

@@ -25,7 +25,7 @@ from django_idempotency import statements
 from django_idempotency.statements import MariaDBStatements, Statements, key_field, key_model
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -102,6 +102,21 @@ def mariadb_error(exc: OperationalError) -> int | None:
     """The MariaDB error number of ``exc``, if it is one."""
     args = getattr(exc.__cause__, "args", ())
     return args[0] if args and isinstance(args[0], int) else None
+
+
+def again_after_deadlocks(work: Callable[[], int], *, attempts: int = 5) -> int:
+    """Run ``work``, a transaction of its own, again when MariaDB rolls it back for a deadlock.
+
+    Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
+    then rolls one back. Nothing was done, so doing it again is safe.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except OperationalError as exc:
+            if mariadb_error(exc) != DEADLOCK or attempt == attempts:
+                raise
+    raise AssertionError  # unreachable: the last attempt returns or raises
 
 
 def _aware(value: datetime | str) -> datetime:
@@ -439,16 +454,23 @@ class MariaDBKeyStore(KeyStore):
         self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
     ) -> int:
         # MariaDB refuses a LIMIT in an IN subquery: the rows are picked, then released.
-        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-            cursor.execute(*self._expired_leases(now, limit, ids))
-            return self._apply(cursor, self.more.release_picked)
+        def release() -> int:
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(*self._expired_leases(now, limit, ids))
+                return self._apply(cursor, self.more.release_picked)
+
+        return again_after_deadlocks(release)
 
     def purge_range(self, low: int, high: int, now: datetime) -> int:
         # A row a request holds (taking that expired key over) is skipped: the next run has it.
         params = [low, high, self._prep("expires_at", now)]
-        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-            cursor.execute(self.more.purge_pick, params)
-            return self._apply(cursor, self.more.purge_picked)
+
+        def purge() -> int:
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(self.more.purge_pick, params)
+                return self._apply(cursor, self.more.purge_picked)
+
+        return again_after_deadlocks(purge)
 
     @staticmethod
     def _apply(cursor: Any, template: str) -> int:

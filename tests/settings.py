@@ -63,7 +63,11 @@ elif os.environ.get("TEST_DATABASE") == "mariadb":
             "USER": os.environ.get("MARIADB_USER", "root"),
             "PASSWORD": os.environ.get("MARIADB_PASSWORD", ""),
             "NAME": os.environ.get("TEST_MARIADB_NAME", "django_idempotency"),
-            "OPTIONS": {"charset": "utf8mb4"},
+            "OPTIONS": {
+                "charset": "utf8mb4",
+                # Django's default, or MariaDB's own ("repeatable read"), which CI also runs.
+                "isolation_level": os.environ.get("TEST_MARIADB_ISOLATION", "read committed"),
+            },
             "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
         }
     }

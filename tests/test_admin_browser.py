@@ -27,7 +27,7 @@ from tests.testapp.models import Refund
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 IMAGES = Path(__file__).resolve().parent.parent / "docs" / "images"
 
-if os.environ.get("TEST_DATABASE") == "postgresql":
+if os.environ.get("TEST_DATABASE", "sqlite") != "sqlite":
     pytest.skip("the browser test runs in the SQLite pass", allow_module_level=True)
 if not Path(CHROMIUM).exists() and os.environ.get("CI", "").lower() != "true":
     pytest.skip("needs Chromium (Debian package chromium)", allow_module_level=True)

@@ -111,7 +111,8 @@ def test_an_unsupported_database_is_an_error(monkeypatch):
     ("is_mariadb", "version", "isolation", "expected"),
     [
         (True, (10, 11, 9), "read committed", []),
-        (True, (10, 6, 0), "repeatable read", []),
+        (True, (10, 6, 0), "read committed", []),
+        (True, (10, 11, 9), "repeatable read", ["django_idempotency.W006"]),
         (True, (10, 5, 20), "read committed", ["django_idempotency.E028"]),
         (False, (8, 4, 0), "read committed", ["django_idempotency.E028"]),
         (True, (10, 11, 9), "serializable", ["django_idempotency.W006"]),

@@ -69,28 +69,29 @@ def start(work):
 
 def wait_for_key_insert(timeout=5.0):
     """Block until some session holds an uncommitted key row (its INSERT is done)."""
+    table = IdempotencyKey._meta.db_table
     if connection.vendor == "postgresql":
         sql = (
             "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
             "WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' "
             "AND l.pid <> pg_backend_pid()"
         )
-        params = [IdempotencyKey._meta.db_table]
-    else:  # only these tests' requests write in them
-        sql = (
-            "SELECT count(*) FROM information_schema.innodb_trx "
-            "WHERE trx_rows_modified > 0 AND trx_mysql_thread_id <> CONNECTION_ID()"
-        )
-        params = []
-    # InnoDB refreshes innodb_trx only when it was not read for 0.1 s.
-    pause = 0.01 if connection.vendor == "postgresql" else 0.15
+        params, looks = [table], connection.cursor()
+    else:  # a dirty read, on a connection of its own, sees the row before it commits
+        sql, params = f"SELECT count(*) FROM {table}", []  # noqa: S608 - the model's table
+        other = connection.get_new_connection(connection.get_connection_params())
+        other.autocommit(True)
+        looks = other.cursor()
+        looks.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
     deadline = time.monotonic() + timeout
-    with connection.cursor() as cursor:
+    try:
         while time.monotonic() < deadline:
-            cursor.execute(sql, params)
-            if cursor.fetchone()[0]:
+            looks.execute(sql, params)
+            if looks.fetchone()[0]:
                 return
-            time.sleep(pause)
+            time.sleep(0.01)
+    finally:
+        looks.close()
     raise AssertionError("no request claimed a key")
 
 
@@ -185,6 +186,29 @@ def test_when_the_first_fails_the_waiting_duplicate_runs_instead(alice, key):
 
     assert first().status_code == 500
     assert duplicate["Idempotency-Status"] == "stored"
+    assert Payment.objects.count() == 1
+    assert LedgerEntry.objects.count() == 1
+
+
+def test_when_the_first_fails_exactly_one_of_many_waiting_duplicates_runs(alice, key):
+    # On MariaDB the waiters deadlock when the first's insert rolls back; the claim tries again.
+    def failing():
+        client = ApiClient(alice, raise_request_exception=False)
+        headers = {"X-Hold": "1", "X-Fail": "exception"}
+        return client.send("POST", "/payments/", {"amount": 5}, key=key, headers=headers)
+
+    def duplicate(_):
+        client = ApiClient(alice, raise_request_exception=False)
+        return client.send("POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.2"})
+
+    first = start(failing)
+    wait_for_key_insert()
+    responses = in_threads(6, duplicate)
+
+    assert first().status_code == 500
+    outcomes = [r.get("Idempotency-Status", str(r.status_code)) for r in responses]
+    # Each waits its turn and replays the one that ran: none is told "in progress".
+    assert sorted(outcomes) == ["replayed"] * 5 + ["stored"], outcomes
     assert Payment.objects.count() == 1
     assert LedgerEntry.objects.count() == 1
 

@@ -6,7 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.db import DatabaseError, DataError, transaction
+from django.db import DatabaseError, DataError, IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -123,9 +123,10 @@ class WebhookReceiverView(View):
             receipt = receive(
                 self.source, event_id, event_type, payload, headers=self.get_kept_headers(request)
             )
-        except DataError:
-            # PostgreSQL refuses some valid JSON, such as "\u0000" in a string: delivering it
-            # again would not help.
+        except (DataError, IntegrityError):
+            # PostgreSQL refuses some valid JSON, such as "\u0000" in a string, and MariaDB's
+            # JSON check refuses nesting deeper than 31 levels: delivering it again would not
+            # help. (A duplicate is no IntegrityError: the insert does nothing then.)
             return problems.problem_response(
                 problems.PAYLOAD_INVALID, "The payload cannot be stored."
             )
