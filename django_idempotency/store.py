@@ -378,8 +378,8 @@ class MariaDBKeyStore(KeyStore):
         return found if isinstance(found, Claim) else None
 
     def _claim_params(self, new: NewKey) -> list[Any]:
-        # innodb_lock_wait_timeout counts whole seconds, and 0 would not wait at all.
-        return [max(1, math.ceil(new.wait_timeout)), *self._inserted(new).values()]
+        # innodb_lock_wait_timeout counts whole seconds; 0 does not wait.
+        return [math.ceil(new.wait_timeout), *self._inserted(new).values()]
 
     def _claim(self, new: NewKey, *, replay: bool) -> Claim | StoredResponse | Conflict:
         deadline = time.monotonic() + new.wait_timeout
