@@ -58,8 +58,6 @@ def check_settings(
     return messages
 
 
-
-
 @register(Tags.database)
 def check_mariadb(
     app_configs: Sequence[AppConfig] | None = None,
