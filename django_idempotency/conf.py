@@ -39,6 +39,9 @@ DEFAULTS: dict[str, Any] = {
     "FINGERPRINT_HEADERS": (),
     # Statuses that invite a retry: never stored, so that the retry executes again.
     "RETRYABLE_STATUS_CODES": (408, 409, 425, 429),
+    # Statuses that reject the request as invalid: not stored either, so that the corrected
+    # retry with the same key runs (a business 4xx such as 402, 403 or 404 is stored).
+    "INVALID_REQUEST_STATUS_CODES": (400, 422),
     # "atomic": the key shares the view's transaction. "lease": the key is committed first and
     # held for LEASE_TIMEOUT, for views whose effect leaves the database.
     "MODE": "atomic",
@@ -171,7 +174,7 @@ def _fingerprint_headers(value: Any) -> str | None:
     return "must be a list of HTTP header names"
 
 
-def _retryable_status_codes(value: Any) -> str | None:
+def _status_codes(value: Any) -> str | None:
     if isinstance(value, Iterable) and all(
         isinstance(code, int) and 100 <= code <= 599 for code in value
     ):
@@ -228,7 +231,8 @@ RULES: dict[str, Rule] = {
     "SCOPE_FUNCTION": Rule("django_idempotency.E008", _scope_function, _callable),
     "ANONYMOUS": Rule("django_idempotency.E009", _anonymous),
     "FINGERPRINT_HEADERS": Rule("django_idempotency.E010", _fingerprint_headers, tuple),
-    "RETRYABLE_STATUS_CODES": Rule("django_idempotency.E011", _retryable_status_codes, frozenset),
+    "RETRYABLE_STATUS_CODES": Rule("django_idempotency.E011", _status_codes, frozenset),
+    "INVALID_REQUEST_STATUS_CODES": Rule("django_idempotency.E029", _status_codes, frozenset),
     "MODE": Rule("django_idempotency.E014", _mode),
     "LEASE_TIMEOUT": Rule("django_idempotency.E015", _ttl, _seconds),
     "CACHE": Rule("django_idempotency.E016", _cache),
@@ -290,6 +294,7 @@ class IdempotencySettings:
     ANONYMOUS = _Setting[AnonymousPolicy]()
     FINGERPRINT_HEADERS = _Setting[tuple[str, ...]]()
     RETRYABLE_STATUS_CODES = _Setting[frozenset[int]]()
+    INVALID_REQUEST_STATUS_CODES = _Setting[frozenset[int]]()
     MODE = _Setting[Mode]()
     CACHE = _Setting[str | None]()
     LEASE_TIMEOUT = _Setting[timedelta]()

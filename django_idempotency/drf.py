@@ -66,6 +66,7 @@ class IdempotentMixin(_Base):
     idempotency_scope_function: Callable[[Any, str], str] | str | None = None
     idempotency_fingerprint_headers: Iterable[str] | None = None
     idempotency_retryable_status_codes: Iterable[int] | None = None
+    idempotency_invalid_request_status_codes: Iterable[int] | None = None
     idempotency_mode: str | None = None
     idempotency_lease_timeout: timedelta | float | None = None
     idempotency_engine: Engine = default_engine

@@ -35,6 +35,7 @@ class ViewOptions(TypedDict, total=False):
     scope_function: Callable[[Any, str], str] | str
     fingerprint_headers: Iterable[str]
     retryable_status_codes: Iterable[int]
+    invalid_request_status_codes: Iterable[int]
     mode: Mode
     lease_timeout: timedelta | float
 
@@ -65,6 +66,7 @@ class Policy:
     scope_function: Callable[[Any, str], str]
     fingerprint_headers: tuple[str, ...]
     retryable_status_codes: frozenset[int]
+    invalid_request_status_codes: frozenset[int]
     mode: Mode
     lease_timeout: timedelta
     cache: str | None
@@ -93,5 +95,13 @@ class Policy:
         )
 
     def stores(self, status: int) -> bool:
-        """Whether a response with this status is stored: 2xx, 3xx and deterministic 4xx."""
-        return status < 500 and status not in self.retryable_status_codes
+        """Whether a response with this status is stored: 2xx, 3xx and a business 4xx.
+
+        Not a 5xx, a status that invites a retry, or one that rejects the request as invalid:
+        the view's writes are rolled back, and a retry with the key runs the view again.
+        """
+        return (
+            status < 500
+            and status not in self.retryable_status_codes
+            and status not in self.invalid_request_status_codes
+        )

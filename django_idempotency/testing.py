@@ -203,10 +203,11 @@ def _why_not_replayed(first: HttpResponseBase, method: str) -> str:
     status = first.status_code
     if first.headers.get(STATUS_HEADER) is not None:
         return f"the first response was {status} with {_status_of(first)}"
-    if status >= 500 or status in idempotency_settings.RETRYABLE_STATUS_CODES:
+    unstored = idempotency_settings.RETRYABLE_STATUS_CODES
+    if status >= 500 or status in unstored | idempotency_settings.INVALID_REQUEST_STATUS_CODES:
         return (
-            f"the first response was {status}, which is never stored (5xx and retryable "
-            "statuses are not), so the retry ran the view again"
+            f"the first response was {status}, which is never stored (5xx, retryable and "
+            "invalid-request statuses are not), so the retry ran the view again"
         )
     return (
         f"the first response was {status} with no {STATUS_HEADER} header either, so no key was "

@@ -12,9 +12,15 @@ from django_idempotency.scope import default_scope
 
 def test_defaults_when_unset():
     for name, value in DEFAULTS.items():
-        if name not in ("SCOPE_FUNCTION", "METHODS", "RETRYABLE_STATUS_CODES"):
+        if name not in (
+            "SCOPE_FUNCTION",
+            "METHODS",
+            "RETRYABLE_STATUS_CODES",
+            "INVALID_REQUEST_STATUS_CODES",
+        ):
             assert getattr(idempotency_settings, name) == value
     assert idempotency_settings.SCOPE_FUNCTION is default_scope
+    assert {400, 422} == idempotency_settings.INVALID_REQUEST_STATUS_CODES
 
 
 def test_overrides_are_read_live():

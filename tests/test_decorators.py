@@ -53,6 +53,17 @@ def test_a_5xx_is_rolled_back_and_the_key_released(client, key):
     assert client.send("POST", "/plain/", {"amount": 1}, key=key).status_code == 201
 
 
+@pytest.mark.parametrize("status", [400, 422])
+def test_a_plain_views_invalid_request_answer_is_not_kept(client, key, status):
+    rejected = {"X-Status": str(status)}
+    answer = client.send("POST", "/plain/", {"amount": 1}, key=key, headers=rejected)
+    assert answer.status_code == status
+    assert "Idempotency-Status" not in answer
+    assert (Payment.objects.count(), IdempotencyKey.objects.count()) == (0, 0)
+    corrected = client.send("POST", "/plain/", {"amount": 1}, key=key)
+    assert corrected["Idempotency-Status"] == "stored"
+
+
 def test_options_given_to_the_decorator(client, key):
     client.send("POST", "/plain-optional/", {"amount": 1})
     assert IdempotencyKey.objects.count() == 0

@@ -237,10 +237,40 @@ class TestKeyHeader:
 
 
 class TestWhatIsStored:
-    def test_a_deterministic_4xx_is_stored_and_replayed(self, client_alice, key):
+    def test_a_rejected_request_is_not_kept_and_the_corrected_retry_runs(self, client_alice, key):
+        rejected = client_alice.send("POST", "/payments/", {"amount": -1}, key=key)
+        assert rejected.status_code == 400
+        assert "Idempotency-Status" not in rejected
+        assert effects() == (0, 0, 0)
+
+        corrected = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+        assert corrected.status_code == 201
+        assert corrected["Idempotency-Status"] == "stored"
+        assert effects() == (1, 1, 1)
+
+    def test_a_validation_error_after_a_write_rolls_the_write_back(self, client_alice, key):
+        fail = {"X-Fail": "validation"}
+        for _ in range(2):  # not replayed: the view runs again
+            response = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+            assert response.status_code == 400
+            assert "Idempotency-Status" not in response
+        assert effects() == (0, 0, 0)
+
+    @pytest.mark.parametrize("status", [402, 403, 404, 410])
+    def test_a_business_4xx_is_stored_and_replayed(self, client_alice, key, status):
+        outcome = {"X-Status": str(status)}
+        first = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=outcome)
+        second = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=outcome)
+        assert first.status_code == second.status_code == status
+        assert first["Idempotency-Status"] == "stored"
+        assert second["Idempotency-Status"] == "replayed"
+        assert second.content == first.content
+        assert effects() == (1, 1, 1)
+
+    @override_settings(IDEMPOTENCY={"INVALID_REQUEST_STATUS_CODES": []})
+    def test_invalid_request_statuses_are_a_setting(self, client_alice, key):
         first = client_alice.send("POST", "/payments/", {"amount": -1}, key=key)
         second = client_alice.send("POST", "/payments/", {"amount": -1}, key=key)
-        assert first.status_code == second.status_code == 400
         assert first["Idempotency-Status"] == "stored"
         assert second["Idempotency-Status"] == "replayed"
         assert second.content == first.content
@@ -404,16 +434,27 @@ class TestAtomicRequests:
 
         monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
 
-    def test_an_api_error_after_a_write_is_stored_and_the_write_undone(self, client_alice, key):
+    def test_a_business_api_error_after_a_write_is_stored_and_the_write_undone(
+        self, client_alice, key
+    ):
+        # The refund view's "already refunded" is a 400 too: kept here, as a business outcome.
         fail = {"X-Fail": "validation"}
-        first = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
-        second = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+        with override_settings(IDEMPOTENCY={"INVALID_REQUEST_STATUS_CODES": [422]}):
+            first = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+            second = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
 
         assert first.status_code == second.status_code == 400
         assert first["Idempotency-Status"] == "stored"
         assert second["Idempotency-Status"] == "replayed"
         assert second.content == first.content
         assert effects() == (0, 0, 1)
+
+    def test_a_rejected_request_is_not_kept(self, client_alice, key):
+        fail = {"X-Fail": "validation"}
+        first = client_alice.send("POST", "/payments/", {"amount": 1}, key=key, headers=fail)
+        assert first.status_code == 400
+        assert "Idempotency-Status" not in first
+        assert effects() == (0, 0, 0)
 
     def test_success_is_stored_as_usual(self, client_alice, key):
         client_alice.send("POST", "/payments/", {"amount": 1}, key=key)

@@ -113,11 +113,11 @@ class TestPolicy:
         assert policy.methods == {"POST", "PATCH", "DELETE"}
         assert policy.wait_timeout == 0
 
-    @pytest.mark.parametrize("status", [200, 201, 204, 301, 400, 404, 410, 422])
+    @pytest.mark.parametrize("status", [200, 201, 204, 301, 402, 403, 404, 410])
     def test_stored_statuses(self, status):
         assert Policy.from_settings().stores(status)
 
-    @pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 503, 599])
+    @pytest.mark.parametrize("status", [400, 422, 408, 409, 425, 429, 500, 503, 599])
     def test_unstored_statuses(self, status):
         assert not Policy.from_settings().stores(status)
 

@@ -215,11 +215,23 @@ class TestAssertIdempotent:
         assert first.json() == {"deleted": 2}
         assert first.wsgi_request.body == b""
 
-    def test_a_deterministic_error_is_idempotent_too(self, plain_api):
+    def test_a_business_error_is_idempotent_too(self, plain_api):
         first, _ = assert_idempotent(
-            plain_api, "POST", "/payments/", {"amount": "ten"}, format="json", effect=effects
+            plain_api,
+            "POST",
+            "/payments/",
+            {"amount": 1},
+            format="json",
+            headers={"X-Status": "402"},
+            effect=effects,
         )
-        assert first.status_code == 400
+        assert first.status_code == 402
+
+    def test_a_rejected_request_is_not_kept_so_it_is_not_replayed(self, plain_api):
+        with pytest.raises(AssertionError, match="invalid-request statuses are not"):
+            assert_idempotent(
+                plain_api, "POST", "/payments/", {"amount": "ten"}, format="json", effect=effects
+            )
 
     def test_a_streaming_answer_is_compared_and_still_readable(self, client):
         first, second = assert_idempotent(
@@ -273,8 +285,8 @@ class TestAssertIdempotent:
         lines = str(failure.value).splitlines()
         assert lines[1:] == [
             "- the retry was not replayed (no Idempotency-Status header): the first response was "
-            "429, which is never stored (5xx and retryable statuses are not), so the retry ran "
-            "the view again"
+            "429, which is never stored (5xx, retryable and invalid-request statuses are not), so "
+            "the retry ran the view again"
         ]
 
     def test_names_each_part_that_differs(self):

@@ -86,11 +86,14 @@ class PaymentDetail(ConditionalMixin, IdempotentMixin, generics.RetrieveUpdateAP
 class RefundList(IdempotentMixin, generics.ListCreateAPIView):
     """List your refunds, or refund part or all of a payment (with an ``Idempotency-Key``).
 
-    A refund larger than what is left is a 400: a deterministic answer, so it is stored with the
-    key and replayed, like a success.
+    A refund larger than what is left is a 400 once the refund was accepted and the payment
+    locked: a business answer, so this view stores it with the key and replays it, like a
+    success. Only a 422 here would say the request itself was invalid (by default a 400 says so
+    too, and is not kept).
     """
 
     serializer_class = RefundSerializer
+    idempotency_invalid_request_status_codes = (422,)
 
     def get_queryset(self) -> QuerySet[Refund]:
         return Refund.objects.filter(payment__owner=self.request.user).select_related("payment")
