@@ -9,14 +9,16 @@ Runs these one after the other, each in a process of its own:
   purge.py   purge_expired() against one unbatched DELETE of --keys expired keys
   admin.py   the admin's pages at --keys keys
   outbox.py  the outbox relay's throughput
+and, with --databases postgresql mariadb, run.py's requests, webhooks and bursts on MariaDB too,
 then prints the machine, the command and every table in Markdown, headed as in
 docs/benchmarks.md. Progress goes to stderr, so `... > results.md` keeps the tables alone. Each
 part drops its database when it is done.
 
 Needs wrk, a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres), Redis
-on 127.0.0.1:6379 and the bench extra. --quick runs every part at a tiny size, in well under a
-minute: a smoke test, whose figures mean nothing.
-Usage: python benchmarks/all.py [--quick] [--rounds N] [--duration S] [--keys N] [--plot PATH]
+on 127.0.0.1:6379 and the bench extra; for MariaDB, a MariaDB server (MARIADB_HOST, MARIADB_PORT,
+MARIADB_USER, MARIADB_PASSWORD, default 127.0.0.1:3306/root) and the mariadb extra. --quick
+runs every part at a tiny size, in well under a minute: a smoke test, whose figures mean nothing.
+Usage: python benchmarks/all.py [--quick] [--databases D ...] [--rounds N] [--duration S] ...
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ if __package__ in {None, ""}:  # run as a script: make the benchmarks package im
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import admin, outbox, purge, run
-from benchmarks.common import ROOT, drop_database, dsn
+from benchmarks.common import ROOT, drop_database
+from benchmarks.databases import DATABASES
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,6 +71,15 @@ QUICK: dict[str, Any] = {
 def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run of every part, tiny")
+    parser.add_argument(
+        "--databases",
+        nargs="+",
+        choices=list(DATABASES),
+        default=["postgresql"],
+        metavar="D",
+        help="servers for the requests: postgresql (every part), and mariadb (requests, "
+        "webhooks and bursts) beside it (postgresql)",
+    )
     requests = parser.add_argument_group("requests (run.py; its defaults unless --quick)")
     requests.add_argument("--duration", type=int, help="seconds per scenario and round (10)")
     requests.add_argument("--rounds", type=int, help="rounds, after a warm-up round (3)")
@@ -99,6 +111,8 @@ def parse_arguments() -> argparse.Namespace:
     sizes.add_argument("--messages", type=int, help="pending outbox messages (100,000)")
     sizes.add_argument("--relays", type=int, nargs="+", help="numbers of relays (1 3)")
     args = parser.parse_args()
+    if "postgresql" not in args.databases:
+        parser.error("every part runs on PostgreSQL: --databases adds MariaDB beside it")
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -138,9 +152,8 @@ def in_own_process(function: Callable[[argparse.Namespace], T], args: argparse.N
     return result
 
 
-def machine() -> str:
+def machine(databases: list[str]) -> str:
     """The CPU, the servers and the versions, as a Markdown list."""
-    import psycopg  # noqa: PLC0415
     import redis  # noqa: PLC0415
 
     cpu = platform.processor() or platform.machine()
@@ -154,8 +167,9 @@ def machine() -> str:
         cpu = re.search(r"model name\s*: (.*)", cpuinfo).group(1)  # type: ignore[union-attr]
         kib = int(re.search(r"MemTotal:\s*(\d+) kB", meminfo).group(1))  # type: ignore[union-attr]
         memory = f", {kib / 1024**2:.1f} GiB of memory"
-    with psycopg.connect(dsn("postgres")) as connection:
-        postgres = connection.execute("SHOW server_version").fetchone()[0].split()[0]  # type: ignore[index]
+    servers = ", ".join(
+        f"{DATABASES[name].title} {DATABASES[name].version()}" for name in databases
+    )
     redis_version = redis.Redis().info("server")["redis_version"]
     wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True, check=False)
     wrk_version = re.search(r"wrk (\S+)", wrk.stdout + wrk.stderr)
@@ -166,13 +180,15 @@ def machine() -> str:
         "psycopg": "psycopg",
         "Celery": "celery",
     }
+    if "mariadb" in databases:
+        packages = {**packages, "mysqlclient": "mysqlclient"}
     versions = ", ".join(
         f"{name} {metadata.version(package)}" for name, package in packages.items()
     )
     return "\n".join(
         [
             f"- {cpu}, {multiprocessing.cpu_count()} cores{memory}",
-            f"- {platform.system()} {platform.release()}; PostgreSQL {postgres}, "
+            f"- {platform.system()} {platform.release()}; {servers}, "
             f"Redis {redis_version}, wrk {wrk_version.group(1) if wrk_version else '?'}",
             f"- Python {platform.python_version()}, {versions}",
         ]
@@ -198,8 +214,14 @@ def main() -> None:
     purge_args = purge.parse_arguments(options(rows=args.keys))
     admin_args = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
     outbox_args = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
+    # The requests on MariaDB: run.py's rounds and bursts, without the sweep and the purge.
+    mariadb_args = argparse.Namespace(
+        **{**vars(run_args), "database": "mariadb", "sweep": [], "plot": None, "purge_rows": 0}
+    )
     load = run_args.duration * (run_args.rounds * 7 + 5)
     load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
+    if "mariadb" in args.databases:
+        load += mariadb_args.duration * (mariadb_args.rounds + 1) * len(run.SCENARIOS)
     progress(f"wrk alone will run for {load / 60:.1f} min; the fills and the other parts add more")
 
     started = time.monotonic()
@@ -208,6 +230,9 @@ def main() -> None:
         requests = in_own_process(run.measure, run_args)
         if run_args.sweep:
             run.plot(requests, run_args, args.plot)
+        if "mariadb" in args.databases:
+            progress("requests, bursts on MariaDB")
+            on_mariadb = in_own_process(run.measure, mariadb_args)
         progress("purge against one DELETE")
         purged = in_own_process(purge.measure, purge_args)
         progress("admin pages")
@@ -217,13 +242,15 @@ def main() -> None:
     finally:  # in case a part died before it could drop its database
         for database in (run.DATABASE, purge.DATABASE, admin.DATABASE, outbox.DATABASE):
             drop_database(database)
+        if "mariadb" in args.databases:
+            DATABASES["mariadb"].drop(run.DATABASE)
     minutes = (time.monotonic() - started) / 60
 
     command = shlex.join(["python", "benchmarks/all.py", *sys.argv[1:]])
     today = datetime.datetime.now(datetime.UTC).date()
     sections = [
         f"# Benchmarks\n\n`{command}`, {today}, {minutes:.1f} min.",
-        f"## The machine\n\n{machine()}",
+        f"## The machine\n\n{machine(args.databases)}",
         "## Requests: idempotent view against the same bare view\n\n"
         + run.requests_section(requests, run_args),
         "## Webhooks: the inbox against a view that only inserts the row\n\n"
@@ -242,7 +269,18 @@ def main() -> None:
         "## Purging expired keys\n\n" + purge.report(purged, purge_args),
         "### Requests during a purge\n\n" + run.during_purge_section(requests, run_args),
     ]
+    if "mariadb" in args.databases:
+        sections.append(mariadb_section(on_mariadb, mariadb_args))
     print("\n\n".join(sections))
+
+
+def mariadb_section(results: run.Results, args: argparse.Namespace) -> str:
+    """run.py's tables from the run on MariaDB, under a heading of their own."""
+    return (
+        f"## MariaDB\n\nThe same requests on MariaDB {DATABASES['mariadb'].version()}, right "
+        "after those on PostgreSQL, with the same example, gunicorn, wrk and Redis.\n\n"
+        + run.report(results, args, level=3)
+    )
 
 
 def image_link(path: Path) -> str:

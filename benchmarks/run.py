@@ -14,10 +14,13 @@ With --sweep 1 2 4 ..., bare, fresh and replay again at each of those numbers of
 alternated the same way, for a plot of throughput against concurrency (--plot PATH draws it).
 With --purge-rows N, fresh POSTs alone and while a throttled purge deletes N expired keys.
 
+With --database mariadb, all of it but the purge on MariaDB instead.
+
 Prints Markdown tables. Needs wrk (Debian package "wrk"), a PostgreSQL server
-(PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) and Redis on 127.0.0.1:6379 (database 13
-is flushed); the plot needs matplotlib (in the bench extra).
-Usage: python benchmarks/run.py [--duration S] [--rounds N] [--sweep N ...] [--plot PATH] ...
+(PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) or a MariaDB server (MARIADB_HOST,
+MARIADB_PORT, MARIADB_USER, MARIADB_PASSWORD, default 127.0.0.1:3306/root; the mariadb extra) and
+Redis on 127.0.0.1:6379 (database 13 is flushed); the plot needs matplotlib (in the bench extra).
+Usage: python benchmarks/run.py [--database D] [--duration S] [--rounds N] [--sweep N ...] ...
 """
 
 from __future__ import annotations
@@ -46,7 +49,8 @@ from typing import TYPE_CHECKING, Any
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, drop_database, millis, plural, ratio, recreate_database, table
+from benchmarks.common import ROOT, millis, plural, ratio, table
+from benchmarks.databases import DATABASES, scalar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -131,6 +135,7 @@ class Server:
 
     base: str
     env: dict[str, str]
+    database: str  # the name of the server in DATABASES
 
 
 @dataclasses.dataclass
@@ -144,14 +149,12 @@ class Results:
     purges: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
 
-def environment(port: int) -> dict[str, str]:
-    host = os.environ.get("PGHOST", "127.0.0.1")
-    user = os.environ.get("PGUSER", "postgres")
+def environment(port: int, database: str) -> dict[str, str]:
     pythonpath = os.pathsep.join([str(ROOT), str(ROOT / "example_project")])
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "benchmarks.settings",
-        "DATABASE_URL": f"postgres://{user}@{host}:{os.environ.get('PGPORT', '5432')}/{DATABASE}",
+        "DATABASE_URL": DATABASES[database].url(DATABASE),
         "PYTHONPATH": pythonpath,
         "BENCH_PORT": str(port),
     }
@@ -163,15 +166,12 @@ def manage(env: dict[str, str], *args: str) -> None:
     )
 
 
-def prepare_database(env: dict[str, str]) -> None:
-    import psycopg  # noqa: PLC0415 - only the benchmark needs it at this point
-
-    recreate_database(DATABASE)
+def prepare_database(env: dict[str, str], database: str) -> None:
+    server = DATABASES[database]
+    server.recreate(DATABASE)
     manage(env, "migrate", "--verbosity", "0")
-    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
-        connection.execute(
-            "CREATE TABLE bench_bare_event (id bigserial PRIMARY KEY, event_id text, payload jsonb)"
-        )
+    with server.connect(DATABASE) as connection, connection.cursor() as cursor:
+        cursor.execute(server.bare_table)
     import redis  # noqa: PLC0415
 
     redis.Redis(db=13).flushdb()
@@ -205,9 +205,9 @@ def serve(args: argparse.Namespace) -> Iterator[Server]:
     """A new database and gunicorn serving the example on it; both gone afterwards."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk is not installed (Debian: apt-get install wrk)")
-    env = environment(args.port)
+    env = environment(args.port, args.database)
     try:
-        prepare_database(env)
+        prepare_database(env, args.database)
         gunicorn = [
             sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
             "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
@@ -216,12 +216,12 @@ def serve(args: argparse.Namespace) -> Iterator[Server]:
         try:
             base = f"http://127.0.0.1:{args.port}"
             wait_until_up(base + "/api/payments/")
-            yield Server(base, env)
+            yield Server(base, env, args.database)
         finally:
             process.terminate()
             process.wait(timeout=30)
     finally:
-        drop_database(DATABASE)
+        DATABASES[args.database].drop(DATABASE)
 
 
 @functools.cache
@@ -306,14 +306,9 @@ COUNTS = {
 }
 
 
-def rows_created(env: dict[str, str]) -> dict[str, int]:
-    import psycopg  # noqa: PLC0415
-
-    with psycopg.connect(env["DATABASE_URL"], autocommit=True) as connection:
-        return {
-            name: connection.execute(sql).fetchone()[0]  # type: ignore[index]
-            for name, (sql, _share) in COUNTS.items()
-        }
+def rows_created(server: Server) -> dict[str, int]:
+    with DATABASES[server.database].connect(DATABASE) as connection:
+        return {name: scalar(connection, sql) for name, (sql, _share) in COUNTS.items()}
 
 
 def checked_run(
@@ -326,9 +321,9 @@ def checked_run(
     duration: int | None = None,
 ) -> Measure:
     """``run_wrk``, failing unless the scenario wrote one row per request (or per two)."""
-    before = rows_created(server.env)
+    before = rows_created(server)
     measured = run_wrk(server, scenario, args, round_no, connections=connections, duration=duration)
-    after = rows_created(server.env)
+    after = rows_created(server)
     if scenario in COUNTS:
         expected = measured["requests"] * COUNTS[scenario][1]
         written = after[scenario] - before[scenario]
@@ -350,6 +345,9 @@ def median(runs: list[Measure]) -> Measure:
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--database", choices=list(DATABASES), default="postgresql", help="the server to run on"
+    )
     parser.add_argument("--duration", type=int, default=10, help="seconds per scenario and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
@@ -382,6 +380,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 def measure(args: argparse.Namespace) -> Results:
     """Serve the example and run every scenario that ``args`` asks for."""
+    if args.purge_rows and args.database != "postgresql":
+        raise SystemExit("--purge-rows fills the table in PostgreSQL's SQL: PostgreSQL only")
     with serve(args) as server:
         rounds: Runs = {name: [] for name in SCENARIOS}
         for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
@@ -466,8 +466,6 @@ def measure_during_purge(
 
 def burst(server: Server, size: int) -> dict[str, Any]:
     """Send ``size`` identical POSTs with one key at once; count answers and effects."""
-    import psycopg  # noqa: PLC0415
-
     key = f"burst-{time.time_ns()}"
     barrier = threading.Barrier(size)
 
@@ -490,13 +488,13 @@ def burst(server: Server, size: int) -> dict[str, Any]:
             return f"{error.code} {json.loads(error.read()).get('code', '')}"
 
     count = "SELECT count(*) FROM payments_payment"
-    with psycopg.connect(server.env["DATABASE_URL"], autocommit=True) as connection:
-        before = connection.execute(count).fetchone()[0]  # type: ignore[index]
+    with DATABASES[server.database].connect(DATABASE) as connection:
+        before = scalar(connection, count)
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(size) as pool:
             answers = list(pool.map(send, range(size)))
         seconds = time.monotonic() - started
-        effects = connection.execute(count).fetchone()[0] - before  # type: ignore[index]
+        effects = scalar(connection, count) - before
     return {"answers": collections.Counter(answers), "effects": effects, "seconds": seconds}
 
 
@@ -613,8 +611,8 @@ def during_purge_section(results: Results, args: argparse.Namespace) -> str:
     )
 
 
-def report(results: Results, args: argparse.Namespace) -> str:
-    """Every table, with a heading each."""
+def report(results: Results, args: argparse.Namespace, level: int = 2) -> str:
+    """Every table, with a heading each, of Markdown's ``level``."""
     sections = {
         "Requests: idempotent view against the same bare view": requests_section,
         "Webhooks: the inbox against a view that only inserts the row": webhooks_section,
@@ -625,8 +623,17 @@ def report(results: Results, args: argparse.Namespace) -> str:
     if results.during_purge:
         sections["Requests during a purge"] = during_purge_section
     return "\n\n".join(
-        f"## {title}\n\n{section(results, args)}" for title, section in sections.items()
+        f"{'#' * level} {heading(title, args.database)}\n\n{section(results, args)}"
+        for title, section in sections.items()
     )
+
+
+def heading(title: str, database: str) -> str:
+    """``title`` as is on PostgreSQL, else naming the server: ``Requests on MariaDB: ...``."""
+    if database == "postgresql":
+        return title
+    subject, colon, rest = title.partition(":")
+    return f"{subject} on {DATABASES[database].title}{colon}{rest}"
 
 
 def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
@@ -648,7 +655,8 @@ def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
     axes.set_xlabel("concurrent connections")
     axes.set_ylabel("requests per second")
     axes.set_title(
-        f"POST a payment: gunicorn, {args.workers} sync workers, PostgreSQL\n"
+        f"POST a payment: gunicorn, {args.workers} sync workers, "
+        f"{DATABASES[args.database].title}\n"
         f"median of {plural(args.rounds, 'round')} x {args.sweep_duration} s",
         fontsize="medium",
     )

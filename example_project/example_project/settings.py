@@ -1,7 +1,8 @@
 """Settings for the example project: a small payments API made safe to retry.
 
 SQLite by default (``db.sqlite3`` next to ``manage.py``). Set ``DATABASE_URL`` to a
-``postgres://user:password@host:port/name`` URL to use PostgreSQL instead.
+``postgres://user:password@host:port/name`` URL to use PostgreSQL instead, or to a
+``mysql://user:password@host:port/name`` URL to use MariaDB (with the ``mariadb`` extra).
 """
 
 from __future__ import annotations
@@ -65,20 +66,33 @@ TEMPLATES = [
 ]
 
 
+# Django's backend for each scheme DATABASE_URL may have.
+DATABASE_ENGINES = {
+    "postgres": "django.db.backends.postgresql",
+    "postgresql": "django.db.backends.postgresql",
+    "mysql": "django.db.backends.mysql",
+}
+
+
 def database_from_url(url: str) -> dict[str, Any]:
-    """Turn ``postgres://user:password@host:port/name`` into a ``DATABASES`` entry."""
+    """Turn ``postgres://`` or ``mysql://user:password@host:port/name`` into a DATABASES entry."""
     parts = urlsplit(url)
-    if parts.scheme not in {"postgres", "postgresql"}:
-        msg = f"DATABASE_URL must be a postgres:// URL, not {parts.scheme!r}."
+    if parts.scheme not in DATABASE_ENGINES:
+        msg = f"DATABASE_URL must be a postgres:// or mysql:// URL, not {parts.scheme!r}."
         raise ImproperlyConfigured(msg)
-    return {
-        "ENGINE": "django.db.backends.postgresql",
+    database: dict[str, Any] = {
+        "ENGINE": DATABASE_ENGINES[parts.scheme],
         "NAME": unquote(parts.path.lstrip("/")),
         "USER": unquote(parts.username or ""),
         "PASSWORD": unquote(parts.password or ""),
         "HOST": parts.hostname or "",
         "PORT": str(parts.port or ""),
     }
+    if parts.scheme == "mysql":
+        # Said, not left to a default: keys and bodies may hold any character, and utf8mb3 has no
+        # room for four-byte ones such as emoji.
+        database["OPTIONS"] = {"charset": "utf8mb4"}
+    return database
 
 
 if database_url := os.environ.get("DATABASE_URL"):

@@ -7,9 +7,11 @@ import uuid
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.test import Client
 
+from example_project.settings import database_from_url
 from payments import provider
 from payments.management.commands.demo import STORIES
 from payments.models import CustomerNotice, LedgerEntry, Payment, Refund
@@ -146,3 +148,32 @@ def test_deeply_nested_json_is_a_400_with_or_without_a_key(alice, key):
 
     assert response.status_code == 400
     assert Payment.objects.get().version == 1
+
+
+@pytest.mark.parametrize("scheme", ["postgres", "postgresql"])
+def test_database_url_postgres(scheme):
+    assert database_from_url(f"{scheme}://bob:p%40ss@db.example:5433/shop") == {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "shop",
+        "USER": "bob",
+        "PASSWORD": "p@ss",
+        "HOST": "db.example",
+        "PORT": "5433",
+    }
+
+
+def test_database_url_mysql_speaks_utf8mb4():
+    assert database_from_url("mysql://root@127.0.0.1:3306/shop") == {
+        "ENGINE": "django.db.backends.mysql",
+        "NAME": "shop",
+        "USER": "root",
+        "PASSWORD": "",
+        "HOST": "127.0.0.1",
+        "PORT": "3306",
+        "OPTIONS": {"charset": "utf8mb4"},
+    }
+
+
+def test_database_url_names_the_schemes_it_accepts():
+    with pytest.raises(ImproperlyConfigured, match=r"postgres:// or mysql:// URL, not 'sqlite'"):
+        database_from_url("sqlite:///db.sqlite3")
