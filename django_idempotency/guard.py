@@ -33,6 +33,10 @@ DO_NOT_RETRY_HEADER: Final = "Do-Not-Retry"
 #: The milliseconds the caller still waits for the answer, a non-negative integer.
 TIMEOUT_HEADER: Final = "Request-Timeout-Ms"
 
+#: The same in seconds (a non-negative decimal number), as other clients send it; read only when
+#: ``Request-Timeout-Ms`` is absent.
+SECONDS_TIMEOUT_HEADER: Final = "X-Request-Timeout"
+
 # A caller's timeout is capped at a day: a larger value is no deadline worth propagating.
 _MAX_TIMEOUT_MS: Final = 86_400_000
 
@@ -73,12 +77,23 @@ def retries_allowed() -> bool:
 def from_headers(headers: Mapping[str, str], now: float | None = None) -> Inbound:
     """Read the guard headers of a request. Malformed values are ignored, as if absent."""
     allowed = headers.get(DO_NOT_RETRY_HEADER, "").strip().lower() not in {"1", "true"}
-    value = headers.get(TIMEOUT_HEADER, "").strip()
+    milliseconds = _timeout_ms(headers)
     deadline = None
-    if value.isascii() and value.isdigit():
+    if milliseconds is not None:
         start = time.monotonic() if now is None else now
-        deadline = start + min(int(value), _MAX_TIMEOUT_MS) / 1000
+        deadline = start + min(milliseconds, _MAX_TIMEOUT_MS) / 1000
     return Inbound(retries_allowed=allowed, deadline=deadline)
+
+
+def _timeout_ms(headers: Mapping[str, str]) -> float | None:
+    value = headers.get(TIMEOUT_HEADER, "").strip()
+    if value:
+        return int(value) if value.isascii() and value.isdigit() else None
+    seconds = headers.get(SECONDS_TIMEOUT_HEADER, "").strip()
+    # Digits and one dot only: no sign, exponent, "nan" or "inf".
+    if seconds.isascii() and seconds.replace(".", "", 1).isdigit():
+        return float(seconds) * 1000
+    return None
 
 
 @contextlib.contextmanager

@@ -514,6 +514,40 @@ def test_retry_after_in_seconds_is_the_least_wait(kind, server, fake):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_409_in_progress_with_retry_after_is_retried_with_the_same_key(kind, server, fake):
+    # What a server running this library answers while the first request with the key runs.
+    server.script.append(answer(409, {"Retry-After": "1"}, b'{"code":"idempotency.in_progress"}'))
+
+    result = call(kind, make_policy(fake), "POST", server.url(), content=b"{}")
+
+    assert result.status == 200
+    assert fake.sleeps == [1.0]
+    keys = [seen.headers["idempotency-key"] for seen in server.seen]
+    assert len(keys) == 2
+    assert keys[0] == keys[1]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_409_without_retry_after_is_a_final_answer(kind, server, fake):
+    server.script.append(answer(409, body=b"conflict"))
+
+    result = call(kind, make_policy(fake), "POST", server.url(), content=b"{}")
+
+    assert (result.status, result.body) == (409, b"conflict")
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_409_with_retry_after_but_no_key_is_not_retried(kind, server, fake):
+    server.script.append(answer(409, {"Retry-After": "1"}))
+
+    result = call(kind, make_policy(fake, add_keys=False), "POST", server.url(), content=b"{}")
+
+    assert result.status == 409
+    assert len(server.seen) == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_retry_after_as_an_http_date(kind, server, fake):
     server.script.append(
         answer(503, {"Retry-After": email.utils.formatdate(WALL + 5, usegmt=True)})

@@ -154,6 +154,13 @@ def test_the_middleware_works_for_async_views():
         ({"Request-Timeout-Ms": "soon"}, None, True),
         ({"Request-Timeout-Ms": "٣"}, None, True),  # an Arabic-Indic digit is not ASCII
         ({"Request-Timeout-Ms": str(10**30)}, 86_400.0, True),
+        ({"X-Request-Timeout": "2"}, 2.0, True),  # seconds
+        ({"X-Request-Timeout": "0.25"}, 0.25, True),
+        ({"X-Request-Timeout": "2", "Request-Timeout-Ms": "500"}, 0.5, True),  # the precise one
+        ({"X-Request-Timeout": "-1"}, None, True),
+        ({"X-Request-Timeout": "nan"}, None, True),
+        ({"X-Request-Timeout": "1e9"}, None, True),
+        ({"X-Request-Timeout": str(10**30)}, 86_400.0, True),
         ({"Do-Not-Retry": "1"}, None, False),
         ({"Do-Not-Retry": "true"}, None, False),
         ({"Do-Not-Retry": "True"}, None, False),

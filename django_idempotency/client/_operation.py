@@ -18,7 +18,12 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from django_idempotency import guard
-from django_idempotency.client._policy import RETRYABLE_STATUSES, backoff, parse_retry_after
+from django_idempotency.client._policy import (
+    CONFLICT,
+    RETRYABLE_STATUSES,
+    backoff,
+    parse_retry_after,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping
@@ -92,8 +97,16 @@ class Operation(Generic[R]):
         error = outcome.exception()
         if error is not None:
             return type(error).__name__ if self._transient(error) else None
-        status = self._status(outcome.result())
-        return f"status {status}" if status in RETRYABLE_STATUSES else None
+        response = outcome.result()
+        status = self._status(response)
+        if status in RETRYABLE_STATUSES:
+            return f"status {status}"
+        # A server running this library answers a duplicate of a request still running with
+        # 409 and Retry-After: sent again later with the same key, it gets the first's answer.
+        keyed = self.policy.key_header in self.headers
+        if status == CONFLICT and keyed and self._retry_after(response) is not None:
+            return "status 409, in progress"
+        return None
 
     def decide(self, state: tenacity.RetryCallState) -> _Decision:
         """Return the wait before the next attempt and whether to stop instead, once per attempt."""

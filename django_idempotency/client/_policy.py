@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 #: the server failed in a way that may pass. 501 and 505 will not pass.
 RETRYABLE_STATUSES: Final = frozenset({408, 425, 429, *range(500, 600)} - {501, 505})
 
+#: Retried only with an idempotency key and a Retry-After: a duplicate of a request still running.
+CONFLICT: Final = 409
+
 #: Methods that RFC 9110 §9.2.2 defines as idempotent: sending one twice has the effect of once.
 IDEMPOTENT_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"})
 
