@@ -136,6 +136,18 @@ def test_an_event_that_always_fails_is_dead_after_n_attempts_and_can_be_reproces
     assert Refund.objects.count() == 1
 
 
+def test_a_handler_that_raises_a_permanent_error_makes_the_event_dead_at_once():
+    with _collect(signals.inbox_event_dead) as dead:
+        receipt = receive("tests", "evt_1", "refund.succeeded", refund_event(fail="permanent"))
+
+    event = InboxEvent.objects.get()
+    assert (event.status, event.attempts, event.next_attempt_at) == ("dead", 1, None)
+    assert event.last_error == "PermanentError: payment None does not exist"
+    assert "PermanentError" in event.last_traceback
+    assert [kwargs["event"].pk for kwargs in dead] == [receipt.event.pk]
+    assert dispatch_due(now=later(CAP + 1)) == 0
+
+
 def test_a_failed_event_can_be_retried_now_or_marked_dead():
     receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=1))
     receive("tests", "evt_2", "refund.succeeded", refund_event(fail="always"))

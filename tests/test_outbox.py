@@ -31,6 +31,7 @@ from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
+    PermanentError,
     WebhookDispatcher,
     outbox_dispatcher,
     publish,
@@ -332,7 +333,8 @@ def test_the_webhook_is_signed_and_carries_the_message_id(server, monkeypatch):
     StandardWebhooksSignature(["whsec_dGVzdA=="]).verify(headers, body)
 
 
-def test_a_refused_webhook_fails_the_attempt(server, periodic_only):
+def test_a_webhook_refused_with_a_4xx_is_dead_at_once(server, periodic_only):
+    # A wrong secret: the inbox answers 400, and would answer it to every retry.
     dispatcher = WebhookDispatcher(f"{server}/webhooks/outbox/", ["whsec_d3Jvbmc="])
     register_dispatcher("payment.captured", dispatcher)
     try:
@@ -342,23 +344,56 @@ def test_a_refused_webhook_fails_the_attempt(server, periodic_only):
         unregister("payment.captured")
 
     message = OutboxMessage.objects.get()
-    assert message.status == "pending"
-    assert message.last_error == f"DispatchError: {server}/webhooks/outbox/ answered 400"
+    assert (message.status, message.attempts) == ("dead", 1)
+    assert message.last_error == (f"PermanentDispatchError: {server}/webhooks/outbox/ answered 400")
     assert repr(dispatcher) == f"WebhookDispatcher('{server}/webhooks/outbox/')"
 
 
+@pytest.mark.parametrize("status", [408, 409, 425, 429, 500, 503])
+def test_a_webhook_answered_with_a_retryable_status_is_retried(periodic_only, monkeypatch, status):
+    monkeypatch.setattr(
+        WebhookDispatcher, "client", property(lambda self: _Recorder([], status)), raising=True
+    )
+    register_dispatcher("payment.captured", WebhookDispatcher("http://consumer/", ["whsec_eA=="]))
+    try:
+        publish("payment.captured", {"amount": 1})
+        relay()
+    finally:
+        unregister("payment.captured")
+
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.attempts) == ("pending", 1)
+    assert message.last_error == f"DispatchError: http://consumer/ answered {status}"
+
+
+def test_a_dispatcher_that_raises_a_permanent_error_makes_the_message_dead(periodic_only):
+    def refuse(message):
+        raise PermanentError("the consumer no longer takes this topic")
+
+    register_dispatcher("payment.captured", refuse)
+    try:
+        publish("payment.captured", {"amount": 1})
+        relay()
+    finally:
+        unregister("payment.captured")
+
+    message = OutboxMessage.objects.get()
+    assert (message.status, message.attempts, message.next_attempt_at) == ("dead", 1, None)
+    assert message.last_error == "PermanentError: the consumer no longer takes this topic"
+
+
 class _Recorder:
-    def __init__(self, seen):
-        self.seen = seen
+    def __init__(self, seen, status=200):
+        self.seen, self.status = seen, status
 
     def post(self, url, *, content, headers):
         self.seen.append((url, content, headers))
-        return _Ok()
+        return _Answer(self.status)
 
 
-class _Ok:
-    is_success = True
-    status_code = 200
+class _Answer:
+    def __init__(self, status):
+        self.status_code, self.is_success = status, 200 <= status < 300
 
 
 def run_command(*args):

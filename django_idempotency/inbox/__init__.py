@@ -6,6 +6,7 @@ Subclass :class:`WebhookReceiverView` for each sender, register handlers with
 
 from __future__ import annotations
 
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler
 from django_idempotency.inbox.processing import (
     Outcome,
@@ -31,6 +32,7 @@ __all__ = [
     "GitHubSignature",
     "HMACVerifier",
     "Outcome",
+    "PermanentError",
     "Receipt",
     "SignatureError",
     "StandardWebhooksSignature",

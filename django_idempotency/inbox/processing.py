@@ -29,6 +29,7 @@ from django.utils import timezone
 from django_idempotency import _celery, signals
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 
@@ -166,11 +167,9 @@ def _attempt(event: InboxEvent, using: str) -> Outcome:
                     raise ImproperlyConfigured(_no_handlers(event.source))
         except Exception as exc:  # the handler's errors are data: recorded, then retried
             error = exc
-            outcome = (
-                Outcome.DEAD
-                if event.attempts >= idempotency_settings.INBOX_MAX_ATTEMPTS
-                else Outcome.FAILED
-            )
+            spent = event.attempts >= idempotency_settings.INBOX_MAX_ATTEMPTS
+            permanent = isinstance(exc, PermanentError)  # the handler says a retry cannot help
+            outcome = Outcome.DEAD if spent or permanent else Outcome.FAILED
             event.status = Status(outcome.value)
             if outcome is Outcome.DEAD:
                 event.next_attempt_at = None

@@ -6,10 +6,12 @@ and schedule the periodic relay (or ``manage.py idempotency_outbox``).
 
 from __future__ import annotations
 
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.outbox.dispatchers import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
     DispatchError,
+    PermanentDispatchError,
     WebhookDispatcher,
     envelope,
     outbox_dispatcher,
@@ -21,6 +23,8 @@ __all__ = [
     "ANY_TOPIC",
     "CeleryTaskDispatcher",
     "DispatchError",
+    "PermanentDispatchError",
+    "PermanentError",
     "RelayResult",
     "WebhookDispatcher",
     "envelope",

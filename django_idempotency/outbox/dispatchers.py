@@ -16,6 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency import _celery, _optional
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.signing import StandardWebhooksSignature
 
 if TYPE_CHECKING:
@@ -37,6 +38,14 @@ _registry: dict[str, Dispatcher] = {}
 
 class DispatchError(Exception):
     """The consumer did not accept the message; the attempt is retried."""
+
+
+class PermanentDispatchError(DispatchError, PermanentError):
+    """The consumer refused the message for good: the message is dead at once."""
+
+
+# A consumer's 4xx answers the same to every retry, but for these, which invite one.
+RETRYABLE_REFUSALS = frozenset({408, 409, 425, 429})
 
 
 def register_dispatcher(topic: str, dispatcher: Dispatcher) -> None:
@@ -122,6 +131,9 @@ class WebhookDispatcher:
         response = self.client.post(url, content=body, headers=headers)
         if not response.is_success:
             msg = f"{url} answered {response.status_code}"
+            status = response.status_code
+            if 400 <= status < 500 and status not in RETRYABLE_REFUSALS:
+                raise PermanentDispatchError(msg)
             raise DispatchError(msg)
 
     @property

@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Exists, F, OuterRef
@@ -26,6 +26,7 @@ from django.utils import timezone
 from django_idempotency import _celery
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 
@@ -165,11 +166,11 @@ def relay(
                 _release(batch[index:], using, now())
                 complete = False
                 break
-            error = _dispatch(message)
-            if error is None:
+            failure = _dispatch(message)
+            if failure is None:
                 delivered.append(message.pk)
             else:
-                counts[_record_failure(message, error, using, now(), random)] += 1
+                counts[_record_failure(message, failure, using, now(), random)] += 1
         # One statement for the whole batch: the usual outcome is cheap. A message whose
         # lease ran out and that another relay took over is marked by that relay as well.
         counts[Status.DISPATCHED] += (
@@ -259,7 +260,12 @@ def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
         ).update(attempts=F("attempts") - 1, next_attempt_at=now)
 
 
-def _dispatch(message: OutboxMessage) -> str | None:
+class _Failure(NamedTuple):
+    error: str
+    permanent: bool  # the dispatcher said a retry cannot help
+
+
+def _dispatch(message: OutboxMessage) -> _Failure | None:
     """Dispatch one message; return why it failed, or ``None`` once it is delivered."""
     dispatcher = get_dispatcher(message.topic)
     try:
@@ -268,15 +274,21 @@ def _dispatch(message: OutboxMessage) -> str | None:
             raise LookupError(msg)  # retried: a deploy may bring the dispatcher
         dispatcher(message)
     except Exception as exc:  # the dispatcher's errors are data: recorded, then retried
-        return f"{type(exc).__qualname__}: {exc}"[:ERROR_MAX_LENGTH]
+        error = f"{type(exc).__qualname__}: {exc}"[:ERROR_MAX_LENGTH]
+        return _Failure(error, isinstance(exc, PermanentError))
     return None
 
 
 def _record_failure(
-    message: OutboxMessage, error: str, using: str, now: datetime, random: Callable[[], float]
+    message: OutboxMessage,
+    failure: _Failure,
+    using: str,
+    now: datetime,
+    random: Callable[[], float],
 ) -> Status:
     """Schedule the message's retry, or mark it dead; return its new status."""
-    if message.attempts >= idempotency_settings.OUTBOX_MAX_ATTEMPTS:
+    error = failure.error
+    if failure.permanent or message.attempts >= idempotency_settings.OUTBOX_MAX_ATTEMPTS:
         status, next_attempt_at = Status.DEAD, None
     else:
         delay = full_jitter(
@@ -293,9 +305,10 @@ def _record_failure(
     message.status, message.next_attempt_at, message.last_error = status, next_attempt_at, error
     if status is Status.DEAD:
         logger.error(
-            "outbox message %s is dead after %d attempts: %s",
+            "outbox message %s is dead after %d attempts%s: %s",
             message.message_id,
             message.attempts,
+            " (a permanent failure)" if failure.permanent else "",
             error,
             extra=_fields(message, "dead"),
         )

@@ -10,6 +10,7 @@ from django.db import OperationalError, connection
 from django_idempotency.inbox import (
     ANY_TYPE,
     GitHubSignature,
+    PermanentError,
     StandardWebhooksSignature,
     StripeSignature,
     WebhookReceiverView,
@@ -56,6 +57,9 @@ def refund_succeeded(event):
     data = event.payload["data"]
     if data.get("lose_database") and event.attempts == 1:
         lose_database()
+    if data.get("fail") == "permanent":
+        msg = f"payment {data.get('payment')} does not exist"
+        raise PermanentError(msg)
     if data.get("fail") == "always" or event.attempts <= data.get("fail_times", 0):
         msg = f"the ledger is unavailable (attempt {event.attempts})"
         raise RuntimeError(msg)
