@@ -4,7 +4,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router, transaction
 from django.utils import timezone
@@ -14,6 +14,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.store import KeyStore, again_after_deadlocks
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from datetime import datetime
 
 
@@ -29,6 +30,29 @@ class PurgeResult:
     seconds: float
     longest_batch: float  # seconds: the longest that one batch's transaction took
     complete: bool  # False when the run stopped at its time limit
+
+
+class PartialIndex(models.Index):
+    """An index on the rows ``where`` matches, on databases with partial indexes.
+
+    PostgreSQL and SQLite build it partial. MariaDB has no partial indexes: it gets the index on
+    every row, as Django's own ``condition`` would give it, without the warning (models.W037)
+    that ``condition`` makes every MariaDB ``migrate`` print.
+    """
+
+    def __init__(self, *, where: models.Q, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.where = where
+
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
+        path, args, kwargs = super().deconstruct()
+        return path, args, {**kwargs, "where": self.where}
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        index = models.Index(fields=self.fields, name=self.name)
+        if schema_editor.connection.features.supports_partial_indexes:
+            index = models.Index(fields=self.fields, name=self.name, condition=self.where)
+        return index.create_sql(model, schema_editor, using=using, **kwargs)
 
 
 class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
@@ -167,10 +191,10 @@ class IdempotencyKey(models.Model):
             models.Index(fields=["expires_at"], name="idempotency_expires_idx"),
             # Only leased rows carry locked_until. Keying the index on it rather than on the
             # state keeps completing a key (which changes the state) a HOT update.
-            models.Index(
+            PartialIndex(
                 fields=["locked_until"],
                 name="idempotency_lease_idx",
-                condition=models.Q(locked_until__isnull=False),
+                where=models.Q(locked_until__isnull=False),
             ),
         ]
 
@@ -320,21 +344,21 @@ class InboxEvent(models.Model):
         indexes = [
             # Only events still to be processed carry next_attempt_at: the periodic run's
             # query reads this small index and nothing else.
-            models.Index(
+            PartialIndex(
                 fields=["next_attempt_at"],
                 name="idempotency_inbox_due_idx",
-                condition=models.Q(next_attempt_at__isnull=False),
+                where=models.Q(next_attempt_at__isnull=False),
             ),
-            models.Index(
+            PartialIndex(
                 fields=["processed_at"],
                 name="idempotency_inbox_done_idx",
-                condition=models.Q(status="processed"),
+                where=models.Q(status="processed"),
             ),
             # Dead events are few and wait for a person: the metrics count them from here.
-            models.Index(
+            PartialIndex(
                 fields=["received_at"],
                 name="idempotency_inbox_dead_idx",
-                condition=models.Q(status="dead"),
+                where=models.Q(status="dead"),
             ),
         ]
 
@@ -418,27 +442,27 @@ class OutboxMessage(models.Model):
         verbose_name_plural = _("outbox messages")
         indexes = [
             # The relay's claim reads only pending messages, oldest due first.
-            models.Index(
+            PartialIndex(
                 fields=["next_attempt_at", "id"],
                 name="idempotency_outbox_due_idx",
-                condition=models.Q(status="pending"),
+                where=models.Q(status="pending"),
             ),
             # "Is an older message with this key still pending?", asked for each candidate.
-            models.Index(
+            PartialIndex(
                 fields=["ordering_key", "id"],
                 name="idempotency_outbox_order_idx",
-                condition=models.Q(status="pending") & ~models.Q(ordering_key=""),
+                where=models.Q(status="pending") & ~models.Q(ordering_key=""),
             ),
-            models.Index(
+            PartialIndex(
                 fields=["dispatched_at"],
                 name="idempotency_outbox_done_idx",
-                condition=models.Q(status="dispatched"),
+                where=models.Q(status="dispatched"),
             ),
             # Dead messages too.
-            models.Index(
+            PartialIndex(
                 fields=["created_at"],
                 name="idempotency_outbox_dead_idx",
-                condition=models.Q(status="dead"),
+                where=models.Q(status="dead"),
             ),
         ]
 

@@ -34,3 +34,17 @@ def test_the_key_table_has_named_constraints_and_indexes():
 def test_str():
     key = IdempotencyKeyFactory.build(key="abc", method="POST", route="payments/")
     assert str(key) == "abc (POST payments/)"
+
+
+@pytest.mark.django_db(transaction=True)  # SQLite's schema editor refuses a transaction
+def test_a_partial_index_is_partial_only_where_the_database_has_them():
+    from django.db import connection  # noqa: PLC0415
+
+    (index,) = [i for i in IdempotencyKey._meta.indexes if i.name == "idempotency_lease_idx"]
+    with connection.schema_editor(collect_sql=True) as editor:
+        editor.add_index(IdempotencyKey, index)
+    (sql,) = editor.collected_sql
+    assert "locked_until" in sql
+    # PostgreSQL and SQLite build it on leased rows only; MariaDB on every row, without W037.
+    assert ("WHERE" in sql) is connection.features.supports_partial_indexes
+    assert index.condition is None
