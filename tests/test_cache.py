@@ -335,7 +335,7 @@ def test_the_bypass_ends_once_the_cache_answers_again(client_alice, own_redis, c
 
 @pytest.mark.server_db
 def test_concurrent_requests_trip_the_breaker_once_and_stop_paying_the_timeout(
-    alice, own_redis, caplog
+    alice, own_redis, caplog, backend, record_property
 ):
     import threading  # noqa: PLC0415
 
@@ -365,6 +365,13 @@ def test_concurrent_requests_trip_the_breaker_once_and_stop_paying_the_timeout(
 
     durations = in_threads(workers + 1, work)[:workers]
 
+    report(record_property, backend, "frozen Redis, 8 at once: first", [t[0] for t in durations])
+    report(
+        record_property,
+        backend,
+        "frozen Redis, 8 at once: longest of the others",
+        [max(t[1:]) for t in durations],
+    )
     assert Payment.objects.count() == workers
     # Each worker's first replay may have met the frozen cache (its read, and its refill if the
     # breaker had not tripped yet); none after that.
