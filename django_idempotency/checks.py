@@ -154,13 +154,10 @@ def check_cache(
     if not isinstance(alias, str) or alias not in settings.CACHES:
         return []
     config = settings.CACHES[alias]
-    options = config.get("OPTIONS", {})
     messages: list[CheckMessage] = []
     # django-redis can return "no entry" on every error: the replay cache stays correct (the
     # database answers), but an outage never reaches the logs.
-    if options.get("IGNORE_EXCEPTIONS") or getattr(
-        settings, "DJANGO_REDIS_IGNORE_EXCEPTIONS", False
-    ):
+    if _ignores_exceptions(config):
         messages.append(
             Warning(
                 f"The replay cache {alias!r} ignores its errors: an outage would go unnoticed.",
@@ -180,6 +177,18 @@ def check_cache(
             )
         )
     return messages
+
+
+def _ignores_exceptions(config: dict[str, Any]) -> bool:
+    """Whether a cache swallows its errors, as django-redis's IGNORE_EXCEPTIONS makes it do."""
+    options = config.get("OPTIONS", {})
+    if "IGNORE_EXCEPTIONS" in options:
+        # The cache's own option wins over the project-wide one, even when it is False.
+        return bool(options["IGNORE_EXCEPTIONS"])
+    # Only django-redis reads the project-wide setting.
+    return str(config.get("BACKEND", "")).startswith("django_redis.") and bool(
+        getattr(settings, "DJANGO_REDIS_IGNORE_EXCEPTIONS", False)
+    )
 
 
 def _missing_redis_timeouts(config: dict[str, Any]) -> list[str]:
@@ -203,10 +212,11 @@ def _redis_connection_kwargs(config: dict[str, Any]) -> dict[str, Any] | None:
     if config.get("BACKEND") == "django.core.cache.backends.redis.RedisCache":
         kwargs = dict(options)
     elif config.get("BACKEND") == "django_redis.cache.RedisCache":
-        # django-redis has names of its own, and passes CONNECTION_POOL_KWARGS on as they are.
+        # django-redis has names of its own (and drops a timeout of 0: no timeout), then passes
+        # CONNECTION_POOL_KWARGS on as they are, over its own.
         kwargs = {
-            "socket_timeout": options.get("SOCKET_TIMEOUT"),
-            "socket_connect_timeout": options.get("SOCKET_CONNECT_TIMEOUT"),
+            "socket_timeout": options.get("SOCKET_TIMEOUT") or None,
+            "socket_connect_timeout": options.get("SOCKET_CONNECT_TIMEOUT") or None,
             **options.get("CONNECTION_POOL_KWARGS", {}),
         }
     else:

@@ -5,6 +5,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.core.cache import caches as django_caches
 from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
@@ -13,6 +14,10 @@ from django_idempotency import checks, conf
 from django_idempotency.checks import check_database, check_settings
 
 SOURCE = Path(checks.__file__).read_text() + Path(conf.__file__).read_text()
+
+
+DJANGO_REDIS = "django.core.cache.backends.redis.RedisCache"
+THIRD_PARTY_REDIS = "django_redis.cache.RedisCache"
 
 
 def ids(messages):
@@ -166,6 +171,57 @@ def test_a_replay_cache_that_swallows_errors_is_warned_about():
 
 
 @pytest.mark.parametrize(
+    ("options", "project_wide", "warned"),
+    [
+        ({"IGNORE_EXCEPTIONS": True}, False, True),
+        ({}, True, True),
+        # The cache's own option wins over the project-wide one.
+        ({"IGNORE_EXCEPTIONS": False}, True, False),
+        ({}, False, False),
+    ],
+)
+def test_w003_follows_what_django_redis_does_with_ignore_exceptions(options, project_wide, warned):
+    from django_idempotency.checks import check_cache  # noqa: PLC0415
+
+    replay = {
+        "BACKEND": THIRD_PARTY_REDIS,
+        "LOCATION": "redis://127.0.0.1:6379/2",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.5, **options},
+    }
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replay": replay,
+    }
+    with override_settings(
+        CACHES=caches_setting,
+        IDEMPOTENCY={"CACHE": "replay"},
+        DJANGO_REDIS_IGNORE_EXCEPTIONS=project_wide,
+    ):
+        assert ids(check_cache()) == (["django_idempotency.W003"] if warned else [])
+        # What the backend itself does, read from the backend: no connection is made.
+        assert django_caches["replay"]._ignore_exceptions is warned
+
+
+def test_the_project_wide_ignore_exceptions_is_django_redis_s_alone():
+    from django_idempotency.checks import check_cache  # noqa: PLC0415
+
+    caches_setting = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "replay": {
+            "BACKEND": DJANGO_REDIS,
+            "LOCATION": "redis://127.0.0.1:6379/2",
+            "OPTIONS": {"socket_timeout": 0.5},
+        },
+    }
+    with override_settings(
+        CACHES=caches_setting,
+        IDEMPOTENCY={"CACHE": "replay"},
+        DJANGO_REDIS_IGNORE_EXCEPTIONS=True,
+    ):
+        assert check_cache() == []
+
+
+@pytest.mark.parametrize(
     ("lease", "expected"),
     [
         (1, ["django_idempotency.W005"]),
@@ -181,10 +237,6 @@ def test_a_lease_too_short_to_survive_a_slow_renewal_is_warned_about(lease, expe
     with override_settings(IDEMPOTENCY={"LEASE_TIMEOUT": lease}):
         assert ids(check_lease()) == expected
     assert check_lease() == []
-
-
-DJANGO_REDIS = "django.core.cache.backends.redis.RedisCache"
-THIRD_PARTY_REDIS = "django_redis.cache.RedisCache"
 
 
 @pytest.mark.parametrize(
@@ -223,11 +275,34 @@ THIRD_PARTY_REDIS = "django_redis.cache.RedisCache"
         ({"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.5}}, True),
         ({"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"socket_timeout": 0.5}}, True),
         ({"BACKEND": THIRD_PARTY_REDIS}, True),
+        # django-redis drops a timeout of 0, and lets the pool's keyword arguments win.
+        ({"BACKEND": THIRD_PARTY_REDIS, "OPTIONS": {"SOCKET_TIMEOUT": 0}}, True),
+        (
+            {
+                "BACKEND": THIRD_PARTY_REDIS,
+                "OPTIONS": {
+                    "SOCKET_TIMEOUT": 0.5,
+                    "CONNECTION_POOL_KWARGS": {"socket_timeout": None},
+                },
+            },
+            True,
+        ),
+        (
+            {"BACKEND": THIRD_PARTY_REDIS, "LOCATION": "redis://r:6379/2?socket_timeout=0.5"},
+            False,
+        ),
+        (
+            {
+                "BACKEND": THIRD_PARTY_REDIS,
+                "LOCATION": ["redis://r:6379/2?socket_timeout=0.5", "redis://s:6379/2"],
+            },
+            True,
+        ),
         # Not a Redis client: nothing to say.
         ({"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}, False),
     ],
 )
-def test_a_redis_replay_cache_without_timeouts_is_warned_about(replay, warned):
+def test_a_redis_replay_cache_without_timeouts_is_warned_about(replay, warned, monkeypatch):
     from django_idempotency.checks import check_cache  # noqa: PLC0415
 
     caches = {
@@ -236,8 +311,34 @@ def test_a_redis_replay_cache_without_timeouts_is_warned_about(replay, warned):
     }
     with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "replay"}):
         assert ids(check_cache()) == (["django_idempotency.W004"] if warned else [])
+        # The verdict agrees with what the backend hands redis-py, for every server.
+        if (passed := passed_to_redis_py(django_caches["replay"], monkeypatch)) is not None:
+            assert warned == any(kw.get("socket_timeout") is None for kw in passed), passed
     with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "default"}):
         assert check_cache() == []
+
+
+def passed_to_redis_py(cache, monkeypatch):
+    """The keyword arguments a Redis cache gives redis-py's connections, one dict per server;
+    None for other caches. Builds the connection pools; connects to nothing."""
+    from django.core.cache.backends.redis import RedisCache  # noqa: PLC0415
+    from django_redis.cache import RedisCache as ThirdPartyRedisCache  # noqa: PLC0415
+    from django_redis.pool import ConnectionFactory  # noqa: PLC0415
+
+    if isinstance(cache, RedisCache):
+        client = cache._cache  # builds each pool as its _get_connection_pool() does
+        return [
+            client._pool_class.from_url(server, **client._pool_options).connection_kwargs
+            for server in client._servers
+        ]
+    if isinstance(cache, ThirdPartyRedisCache):
+        # django-redis keeps its pools for the whole process, by URL alone.
+        monkeypatch.setattr(ConnectionFactory, "_pools", {})
+        return [
+            cache.client.connect(index).connection_pool.connection_kwargs
+            for index in range(len(cache.client._server))
+        ]
+    return None
 
 
 def test_a_replay_cache_may_be_warned_about_twice():

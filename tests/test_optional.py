@@ -170,7 +170,7 @@ PLAIN_INSTALL = textwrap.dedent(
 
 
 def test_a_plain_install_starts_checks_migrates_and_imports():
-    libraries = sorted({*IMPORTED_BY, "psycopg", "psycopg2", "redis", "kombu"})
+    libraries = sorted({*IMPORTED_BY, "psycopg", "psycopg2", "redis", "django_redis", "kombu"})
     completed = subprocess.run(
         [sys.executable, "-c", PLAIN_INSTALL.format(libraries=libraries)],
         capture_output=True,

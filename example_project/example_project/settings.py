@@ -174,10 +174,13 @@ if redis_url := os.environ.get("REDIS_URL"):
     CACHES = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
         "idempotency": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # django-redis; Django's own backend works too, with "BACKEND":
+            # "django.core.cache.backends.redis.RedisCache" and the same timeouts under
+            # redis-py's names: "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}.
+            "BACKEND": "django_redis.cache.RedisCache",
             "LOCATION": redis_url,
             # Seconds: without them, a Redis that stops answering holds every request.
-            "OPTIONS": {"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+            "OPTIONS": {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5},
         },
     }
     IDEMPOTENCY["CACHE"] = "idempotency"
