@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 
 import pytest
 from django.core.cache import cache
@@ -636,17 +637,20 @@ class TestChunkedBody:
 
     @pytest.mark.django_db(transaction=True)
     def test_over_http(self, alice, key, live_server):
-        connection = http.client.HTTPConnection(live_server.thread.host, live_server.thread.port)
-        headers = {
-            "Authorization": basic_auth(alice),
-            "Content-Type": "application/json",
-            "Idempotency-Key": key,
-            "Connection": "close",
-        }
-        connection.request("POST", "/payments/", iter([b'{"amount":', b" 9}"]), headers)
-        response = connection.getresponse()
-        status, body = response.status, json.loads(response.read())
-        connection.close()
+        # The whole request in one write: the server answers 411 without reading the body, and
+        # a body sent chunk by chunk could meet the closed connection (a broken pipe).
+        host, port = live_server.thread.host, live_server.thread.port
+        head = (
+            f"POST /payments/ HTTP/1.1\r\nHost: {host}\r\nAuthorization: {basic_auth(alice)}\r\n"
+            f"Content-Type: application/json\r\nIdempotency-Key: {key}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+        )
+        body = b'a\r\n{"amount":\r\n2\r\n 9\r\n0\r\n\r\n'
+        with socket.create_connection((host, port)) as sock:
+            sock.sendall(head.encode() + body)
+            response = http.client.HTTPResponse(sock)
+            response.begin()
+            status, body = response.status, json.loads(response.read())
 
         assert (status, body["code"]) == (411, "idempotency.length_required")
         assert effects() == (0, 0, 0)
