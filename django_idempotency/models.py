@@ -238,7 +238,7 @@ def _purge_batches(
     started = time.monotonic()
     deleted = 0
     while max_seconds is None or time.monotonic() - started < max_seconds:
-        count = again_after_deadlocks(batch)
+        count = again_after_deadlocks(batch, connection)
         deleted += count
         if count < batch_size:
             break

@@ -104,12 +104,17 @@ def mariadb_error(exc: OperationalError) -> int | None:
     return args[0] if args and isinstance(args[0], int) else None
 
 
-def again_after_deadlocks(work: Callable[[], int], *, attempts: int = 5) -> int:
+def again_after_deadlocks(
+    work: Callable[[], int], connection: BaseDatabaseWrapper, *, attempts: int = 5
+) -> int:
     """Run ``work``, a transaction of its own, again when MariaDB rolls it back for a deadlock.
 
     Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
-    then rolls one back. Nothing was done, so doing it again is safe.
+    then rolls one back. Nothing was done, so doing it again is safe; but not inside a caller's
+    transaction, which the deadlock rolled back as well.
     """
+    if connection.in_atomic_block:
+        return work()
     for attempt in range(1, attempts + 1):
         try:
             return work()
@@ -459,7 +464,7 @@ class MariaDBKeyStore(KeyStore):
                 cursor.execute(*self._expired_leases(now, limit, ids))
                 return self._apply(cursor, self.more.release_picked)
 
-        return again_after_deadlocks(release)
+        return again_after_deadlocks(release, self.connection)
 
     def purge_range(self, low: int, high: int, now: datetime) -> int:
         # A row a request holds (taking that expired key over) is skipped: the next run has it.
@@ -470,7 +475,7 @@ class MariaDBKeyStore(KeyStore):
                 cursor.execute(self.more.purge_pick, params)
                 return self._apply(cursor, self.more.purge_picked)
 
-        return again_after_deadlocks(purge)
+        return again_after_deadlocks(purge, self.connection)
 
     @staticmethod
     def _apply(cursor: Any, template: str) -> int:

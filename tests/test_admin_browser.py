@@ -60,7 +60,8 @@ def keys():
     client = ApiClient(alice)
     client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
     client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
-    client.send("POST", "/payments/", {"amount": -5}, key="bad-amount")
+    # A business 4xx is kept (a rejected request would not be).
+    client.send("POST", "/payments/", {"amount": 5}, key="declined", headers={"X-Status": "402"})
     client.send("POST", "/payments/", {"amount": 70}, key="old-key")
     IdempotencyKey.objects.filter(key="old-key").update(
         expires_at=timezone.now() - timedelta(hours=1)
@@ -126,10 +127,10 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     page.select_option("select[name=action]", "delete_expired")
     page.click("button[name=index]")
     assert "Deleted 1 expired keys" in page.locator(".messagelist").inner_text()
-    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "bad-amount"}
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "declined"}
 
     # Or purge every expired key at once, with the button above the list.
-    IdempotencyKey.objects.filter(key="bad-amount").update(
+    IdempotencyKey.objects.filter(key="declined").update(
         expires_at=timezone.now() - timedelta(hours=1)
     )
     page.click("#purge-expired")
