@@ -1,8 +1,10 @@
 """``manage.py demo``: play retry stories against the payments API and check what they did.
 
 Every request goes through Django's test client: the real URLs, authentication, views and
-database, without a server. Each story uses fresh keys, so the demo can run again and again on
-the same database. It exits non-zero when a check fails, so it doubles as a smoke test.
+database, without a server, but with the Host the project is then served on (``--port``), so
+the links in stored answers work. Each story uses fresh keys, so the demo can run again and again
+on the same database; its last column counts every row the story created, table by table, as the
+admin then lists them. It exits non-zero when a check fails, so it doubles as a smoke test.
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import socket
 import threading
 import uuid
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.contrib.auth import get_user_model
 from django.core.handlers.wsgi import WSGIHandler
@@ -29,7 +32,7 @@ from django.test import Client, override_settings
 
 from django_idempotency import signals
 from django_idempotency.inbox import StripeSignature
-from django_idempotency.models import InboxEvent, OutboxMessage
+from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
 from payments import provider
 from payments.models import (
@@ -52,9 +55,13 @@ PAYMENTS = "/api/payments/"
 REFUNDS = "/api/refunds/"
 CHARGES = "/api/charges/"
 WEBHOOKS = "/webhooks/provider/"
+ADDRESS = "127.0.0.1"
+DEFAULT_PORT = 8000
 CONCURRENT_REQUESTS = 8
 # Column widths of the table: story, what was sent, what came back, effect in the database.
-WIDTHS = (22, 38, 38, 17)
+WIDTHS = (22, 38, 36, 20)
+
+M = TypeVar("M", bound=models.Model)
 
 
 @dataclass(frozen=True)
@@ -102,11 +109,13 @@ class Answer:
 class Api:
     """The payments API as one user sees it, with HTTP Basic authentication."""
 
-    def __init__(self, username: str) -> None:
+    def __init__(self, username: str, host: str) -> None:
         token = base64.b64encode(f"{username}:{PASSWORD}".encode()).decode()
-        # A view that raises answers 500 here, as it would to a real client.
+        # A view that raises answers 500 here, as it would to a real client. The Host header is
+        # the one the project is served on, so the links in stored answers work when replayed.
         self.client = Client(
-            headers={"Authorization": f"Basic {token}"}, raise_request_exception=False
+            headers={"Authorization": f"Basic {token}", "Host": host},
+            raise_request_exception=False,
         )
 
     def post(
@@ -128,37 +137,52 @@ class Api:
         return Answer.of(response)
 
 
+# Every table a story can add rows to, in the order the effect column lists them: what the
+# admin then shows (and the provider's charges, which it keeps on its side).
+TABLES: list[tuple[type[models.Model], str, str]] = [
+    (IdempotencyKey, "idempotency key", "idempotency keys"),
+    (Payment, "payment", "payments"),
+    (Refund, "refund", "refunds"),
+    (LedgerEntry, "ledger entry", "ledger entries"),
+    (ProviderCharge, "card charge", "card charges"),
+    (OutboxMessage, "outbox message", "outbox messages"),
+    (InboxEvent, "inbox event", "inbox events"),
+    (CustomerNotice, "customer notice", "customer notices"),
+    (ReceiptEmail, "receipt e-mail", "receipt e-mails"),
+]
+
+
 @dataclass(frozen=True)
 class Marks:
     """The newest row of each table, to find the rows a story created."""
 
-    payment: int
-    refund: int
-    ledger_entry: int
+    newest: dict[type[models.Model], int]
 
     @classmethod
     def now(cls) -> Marks:
-        def newest(model: type[models.Model]) -> int:
-            return model.objects.aggregate(newest=Max("pk"))["newest"] or 0
+        return cls(
+            {
+                model: model._default_manager.aggregate(newest=Max("pk"))["newest"] or 0
+                for model, _one, _many in TABLES
+            }
+        )
 
-        return cls(newest(Payment), newest(Refund), newest(LedgerEntry))
+    def new(self, model: type[M]) -> list[M]:
+        """The rows of ``model`` created since these marks, oldest first."""
+        return list(model._default_manager.filter(pk__gt=self.newest[model]).order_by("pk"))
 
     def new_payments(self) -> list[Payment]:
-        return list(Payment.objects.filter(pk__gt=self.payment).order_by("pk"))
+        return self.new(Payment)
 
     def new_refunds(self) -> list[Refund]:
-        return list(Refund.objects.filter(pk__gt=self.refund).order_by("pk"))
+        return self.new(Refund)
 
     def new_ledger_entries(self) -> list[LedgerEntry]:
-        return list(LedgerEntry.objects.filter(pk__gt=self.ledger_entry).order_by("pk"))
+        return self.new(LedgerEntry)
 
     def effect(self) -> list[str]:
-        """The rows created since these marks, as lines for the table."""
-        counts = [
-            (len(self.new_payments()), "payment", "payments"),
-            (len(self.new_refunds()), "refund", "refunds"),
-            (len(self.new_ledger_entries()), "ledger entry", "ledger entries"),
-        ]
+        """Every row created since these marks, counted per table, as lines for the table."""
+        counts = [(len(self.new(model)), one, many) for model, one, many in TABLES]
         lines = [f"+{n} {one if n == 1 else many}" for n, one, many in counts if n]
         return lines or ["no new rows"]
 
@@ -192,8 +216,8 @@ def payment_data(amount: int, description: str) -> dict[str, Any]:
     return {"amount": amount, "currency": "eur", "description": description}
 
 
-def double_click() -> Story:
-    story, marks, alice, key = Story("a. double-click"), Marks.now(), Api("alice"), new_key()
+def double_click(host: str) -> Story:
+    story, marks, alice, key = Story("a. double-click"), Marks.now(), Api("alice", host), new_key()
     data = payment_data(1000, "double-click")
     first = alice.post(PAYMENTS, data, key)
     story.exchange(f"POST payment 1000 eur, {short(key)}", first.describe())
@@ -210,8 +234,8 @@ def double_click() -> Story:
     return story
 
 
-def lost_response() -> Story:
-    story, marks, alice, key = Story("b. lost response"), Marks.now(), Api("alice"), new_key()
+def lost_response(host: str) -> Story:
+    story, marks, alice, key = Story("b. lost response"), Marks.now(), Api("alice", host), new_key()
     data = payment_data(2500, "lost response")
     alice.post(PAYMENTS, data, key)
     story.exchange(f"POST payment 2500 eur, {short(key)}", "(lost: the client times out)")
@@ -227,8 +251,13 @@ def lost_response() -> Story:
     return story
 
 
-def changed_amount() -> Story:
-    story, marks, alice, key = Story("c. retry, new amount"), Marks.now(), Api("alice"), new_key()
+def changed_amount(host: str) -> Story:
+    story, marks, alice, key = (
+        Story("c. retry, new amount"),
+        Marks.now(),
+        Api("alice", host),
+        new_key(),
+    )
     first = alice.post(PAYMENTS, payment_data(1000, "changed amount"), key)
     story.exchange(f"POST payment 1000 eur, {short(key)}", first.describe())
     retry = alice.post(PAYMENTS, payment_data(1500, "changed amount"), key)
@@ -241,14 +270,14 @@ def changed_amount() -> Story:
     return story
 
 
-def post_at_once(n: int, data: dict[str, Any], key: str) -> list[Answer | Exception]:
+def post_at_once(n: int, data: dict[str, Any], key: str, host: str) -> list[Answer | Exception]:
     """Send the same POST from ``n`` threads, released together by a barrier."""
     barrier = threading.Barrier(n)
     answers: list[Answer | Exception] = [RuntimeError("no answer")] * n
 
     def send(index: int) -> None:
         try:
-            api = Api("alice")
+            api = Api("alice", host)
             barrier.wait()
             answers[index] = api.post(PAYMENTS, data, key)
         except Exception as exc:  # reported in the table, not lost in the thread
@@ -265,10 +294,10 @@ def post_at_once(n: int, data: dict[str, Any], key: str) -> list[Answer | Except
     return answers
 
 
-def concurrent_duplicates() -> Story:
+def concurrent_duplicates(host: str) -> Story:
     n = CONCURRENT_REQUESTS
     story, marks, key = Story(f"d. {n} at the same time"), Marks.now(), new_key()
-    answers = post_at_once(n, payment_data(700, "concurrent"), key)
+    answers = post_at_once(n, payment_data(700, "concurrent"), key, host)
     got = [answer for answer in answers if isinstance(answer, Answer)]
     errors = [answer for answer in answers if isinstance(answer, Exception)]
     tally = Counter(f"{a.status} {a.code or a.idempotency_status}" for a in got)
@@ -291,8 +320,8 @@ def concurrent_duplicates() -> Story:
     return story
 
 
-def refund_replayed() -> Story:
-    story, marks, alice = Story("e. refund replayed"), Marks.now(), Api("alice")
+def refund_replayed(host: str) -> Story:
+    story, marks, alice = Story("e. refund replayed"), Marks.now(), Api("alice", host)
     key = new_key()
     payment = alice.post(PAYMENTS, payment_data(3000, "refunded"), key)
     story.exchange(f"POST payment 3000 eur, {short(key)}", payment.describe())
@@ -320,9 +349,9 @@ def refund_replayed() -> Story:
     return story
 
 
-def two_users() -> Story:
+def two_users(host: str) -> Story:
     story, marks, key = Story("f. alice & bob, 1 key"), Marks.now(), new_key()
-    alice, bob = Api("alice"), Api("bob")
+    alice, bob = Api("alice", host), Api("bob", host)
     for_alice = alice.post(PAYMENTS, payment_data(1200, "alice"), key)
     story.exchange(f"alice: POST 1200 eur, {short(key)}", for_alice.describe())
     for_bob = bob.post(PAYMENTS, payment_data(900, "bob"), key)
@@ -341,9 +370,9 @@ def two_users() -> Story:
     return story
 
 
-def missing_key() -> Story:
+def missing_key(host: str) -> Story:
     story, marks = Story("g. no key"), Marks.now()
-    answer = Api("alice").post(PAYMENTS, payment_data(1000, "no key"), key=None)
+    answer = Api("alice", host).post(PAYMENTS, payment_data(1000, "no key"), key=None)
     story.exchange("POST payment, no key header", answer.describe())
     story.effect = marks.effect()
     story.expect(
@@ -353,10 +382,27 @@ def missing_key() -> Story:
     return story
 
 
-def crash_after_charge() -> Story:
-    story, marks, alice, key = Story("h. crash mid-charge"), Marks.now(), Api("alice"), new_key()
+def captured(charge: Answer) -> tuple[OutboxMessage | None, InboxEvent | None]:
+    """The outbox message announcing a charge's payment, and the inbox event it became."""
+    message = OutboxMessage.objects.filter(payload__payment=charge.data.get("id")).first()
+    event = InboxEvent.objects.filter(event_id=str(message.message_id) if message else "").first()
+    return message, event
+
+
+def delivery(charge: Answer) -> str:
+    """What became of the announcement of a charge's payment, on both sides."""
+    message, event = captured(charge)
+    return f"{message.status if message else 'no message'}; inbox: {event.status if event else '-'}"
+
+
+def crash_after_charge(host: str) -> Story:
+    story, marks, alice, key = (
+        Story("h. crash mid-charge"),
+        Marks.now(),
+        Api("alice", host),
+        new_key(),
+    )
     data = payment_data(4200, "card charge")
-    charges = ProviderCharge.objects.count()
     with quiet("django.request", level=logging.CRITICAL):  # the 500's traceback is expected
         crashed = alice.post(CHARGES, data, key, headers={"X-Demo-Crash": "yes"})
     story.exchange(
@@ -364,10 +410,11 @@ def crash_after_charge() -> Story:
     )
     retry = alice.post(CHARGES, data, key)
     story.exchange("retry: the same POST, same key", f"{retry.describe()} (recovered)")
+    story.exchange("commit: outbox sends payment.captured", delivery(retry))
     again = alice.post(CHARGES, data, key)
     story.exchange("the same POST once more", again.describe())
-    new_charges = ProviderCharge.objects.count() - charges
-    story.effect = [f"+{new_charges} card charge", *marks.effect()]
+    new_charges = len(marks.new(ProviderCharge))
+    story.effect = marks.effect()
     story.expect(crashed.status == 500, "the crash did not answer 500")
     story.expect(retry.idempotency_status == "stored", "the retry was not stored")
     story.expect(again.idempotency_status == "replayed", "the last POST was not replayed")
@@ -376,13 +423,13 @@ def crash_after_charge() -> Story:
     return story
 
 
-def provider_webhooks() -> Story:
-    story, alice = Story("i. provider webhooks"), Api("alice")
+def provider_webhooks(host: str) -> Story:
+    story, marks, alice = Story("i. provider webhooks"), Marks.now(), Api("alice", host)
     payment = alice.post(PAYMENTS, payment_data(2000, "refunded by webhook"), new_key())
+    story.exchange("POST payment 2000 eur, a key", payment.describe())
     refund = alice.post(REFUNDS, {"payment": payment.data.get("id"), "amount": 800}, new_key())
     refund_id = int(refund.data.get("id") or 0)
-    story.exchange("POST payment, then refund 800", refund.describe("refund"))
-    notices = CustomerNotice.objects.count()
+    story.exchange("POST refund 800, another key", refund.describe("refund"))
     pending, succeeded = provider.refund_events(refund_id)
     deliveries = [
         ("refund.succeeded (seq 2)", succeeded, None),
@@ -397,20 +444,18 @@ def provider_webhooks() -> Story:
         if secret:
             headers = StripeSignature([secret]).sign(body)
         answer = Answer.of(
-            Client().post(WEBHOOKS, body, content_type="application/json", headers=headers)
+            Client(headers={"Host": host}).post(
+                WEBHOOKS, body, content_type="application/json", headers=headers
+            )
         )
         answers.append(answer)
         story.exchange(
             f"provider: {label}", f"{answer.status} {answer.code or answer.data.get('status')}"
         )
     recorded = InboxEvent.objects.filter(event_id__in=[pending["id"], succeeded["id"]])
-    new_notices = CustomerNotice.objects.count() - notices
+    new_notices = len(marks.new(CustomerNotice))
     status = Refund.objects.get(pk=refund_id).provider_status if refund_id else "?"
-    story.effect = [
-        f"+{recorded.count()} inbox events",
-        f"+{new_notices} customer notice",
-        f"refund {status}",
-    ]
+    story.effect = [*marks.effect(), f"refund {status}"]
     story.expect(
         [a.data.get("status") for a in answers[:4]]
         == ["processed", "processed", "duplicate", "duplicate"],
@@ -421,22 +466,18 @@ def provider_webhooks() -> Story:
         sorted(recorded.values_list("status", flat=True)) == ["processed", "processed"],
         "not exactly two events recorded and processed",
     )
+    story.expect(len(marks.new(InboxEvent)) == 2, "the forgery was recorded")
     story.expect(new_notices == 1, "the customer was not told exactly once")
     story.expect(status == "succeeded", "the late pending event undid the success")
     return story
 
 
-def outbox_to_inbox() -> Story:
-    story, alice, key = Story("j. outbox to inbox"), Api("alice"), new_key()
-    messages, receipts = OutboxMessage.objects.count(), ReceiptEmail.objects.count()
-    charge = alice.post(CHARGES, payment_data(3100, "outbox"), key)
+def outbox_to_inbox(host: str) -> Story:
+    story, marks, key = Story("j. outbox to inbox"), Marks.now(), new_key()
+    charge = Api("alice", host).post(CHARGES, payment_data(3100, "outbox"), key)
     story.exchange(f"POST charge 3100 eur, {short(key)}", charge.describe())
-    message = OutboxMessage.objects.filter(payload__payment=charge.data.get("id")).first()
-    event = InboxEvent.objects.filter(event_id=str(message.message_id) if message else "").first()
-    story.exchange(
-        "commit: outbox sends payment.captured",
-        f"{message.status if message else 'no message'}; inbox: {event.status if event else '-'}",
-    )
+    message, event = captured(charge)
+    story.exchange("commit: outbox sends payment.captured", delivery(charge))
     duplicates: list[bool] = []
 
     def count_duplicate(**kwargs: Any) -> None:
@@ -449,55 +490,67 @@ def outbox_to_inbox() -> Story:
     finally:
         signals.inbox_event_duplicate.disconnect(count_duplicate)
     story.exchange("a relay dies; sent again", f"inbox: {'duplicate' if duplicates else '?'}")
-    new_receipts = ReceiptEmail.objects.count() - receipts
-    story.effect = [
-        f"+{OutboxMessage.objects.count() - messages} outbox message",
-        f"+{1 if event else 0} inbox event",
-        f"+{new_receipts} receipt e-mail",
-    ]
+    new_receipts = len(marks.new(ReceiptEmail))
+    story.effect = marks.effect()
     story.expect(charge.status == 201, "the charge was not made")
     story.expect(message is not None and message.status == "dispatched", "not dispatched")
     story.expect(event is not None and event.status == "processed", "not processed by the inbox")
     story.expect(duplicates == [True], "the second delivery was not a duplicate")
+    story.expect(len(marks.new(OutboxMessage)) == 1, "not exactly one outbox message")
+    story.expect(len(marks.new(InboxEvent)) == 1, "not exactly one inbox event")
     story.expect(new_receipts == 1, "the receipt was not e-mailed exactly once")
     return story
 
 
-def lost_update() -> Story:
-    story, alice = Story("k. two edits, one ETag"), Api("alice")
-    created = alice.post(PAYMENTS, payment_data(4200, "unsorted"), new_key())
+def lost_update(host: str) -> Story:
+    story, marks, alice = Story("k. two edits, one ETag"), Marks.now(), Api("alice", host)
+    key = new_key()
+    created = alice.post(PAYMENTS, payment_data(4200, "unsorted"), key)
+    story.exchange(f"POST payment 4200 eur, {short(key)}", created.describe())
     url = f"{PAYMENTS}{created.data.get('id')}/"
     read = alice.get(url)
-    story.exchange("two clerks GET one payment", f"{read.status}, both see ETag {read.etag}")
+    story.exchange("two clerks GET it", f"{read.status}, both see ETag {read.etag}")
     key = new_key()
     first = alice.patch(
         url, {"description": "gift"}, {"If-Match": read.etag or "", "Idempotency-Key": key}
     )
-    story.exchange(f"1: PATCH gift, If-Match {read.etag}", f"{first.status}, ETag {first.etag}")
+    story.exchange(
+        f"clerk 1: PATCH gift, If-Match {read.etag},", f"{first.status}, ETag {first.etag}"
+    )
+    story.exchange(f"  {short(key)}", "")
     second = alice.patch(url, {"description": "office"}, {"If-Match": read.etag or ""})
     story.exchange(
-        f"2: PATCH office, If-Match {read.etag}", f"{second.describe()}, ETag {second.etag}"
+        f"clerk 2: PATCH office, If-Match {read.etag}", f"{second.describe()}, ETag {second.etag}"
     )
+    # Clerk 1's answer was lost: the same PATCH, sent again with its key, gets that answer back
+    # rather than a 412 for the If-Match its own edit made stale.
     retry = alice.patch(
         url, {"description": "gift"}, {"If-Match": read.etag or "", "Idempotency-Key": key}
     )
-    story.exchange(f"1 again, {short(key)}", f"{retry.status} {retry.idempotency_status}")
-    payment = Payment.objects.filter(pk=created.data.get("id")).first()
-    story.effect = (
-        [f"description: {payment.description}", f"version {payment.version}"]
-        if payment
-        else ["no payment"]
+    story.exchange(
+        "clerk 1 again (answer lost), same key",
+        f"{retry.status} {retry.idempotency_status}: clerk 1's answer",
     )
+    payment = Payment.objects.filter(pk=created.data.get("id")).first()
+    story.effect = [
+        *marks.effect(),
+        *(
+            [f"description: {payment.description}", f"version {payment.version}"]
+            if payment
+            else ["no payment"]
+        ),
+    ]
     story.expect(first.status == 200 and first.etag != read.etag, "first edit not applied")
     story.expect(second.code == "precondition.failed", "the stale edit was not refused")
     story.expect(second.etag == first.etag, "412 without the current ETag")
     story.expect(retry.idempotency_status == "replayed", "the retried edit was not replayed")
+    story.expect(retry.content == first.content, "the replayed edit differs")
     story.expect(payment is not None and payment.description == "gift", "an edit was lost")
     story.expect(payment is not None and payment.version == 2, "not exactly one new version")
     return story
 
 
-STORIES: list[Callable[[], Story]] = [
+STORIES: list[Callable[[str], Story]] = [
     double_click,
     lost_response,
     changed_amount,
@@ -510,6 +563,21 @@ STORIES: list[Callable[[], Story]] = [
     outbox_to_inbox,
     lost_update,
 ]
+
+
+def ensure_free(port: int) -> None:
+    """Fail with a message that says what to do when ``port`` is taken, not with a traceback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the development server binds: a port left in TIME_WAIT by a stopped server is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ADDRESS, port))
+        except OSError as exc:
+            msg = (
+                f"Cannot serve on {ADDRESS}:{port}: {exc.strerror or exc}. Another server (an "
+                "earlier demo?) may be using it: stop it, or choose another port with --port."
+            )
+            raise CommandError(msg) from exc
 
 
 class QuietHandler(WSGIRequestHandler):
@@ -538,10 +606,23 @@ class Command(BaseCommand):
         parser.add_argument(
             "--serve",
             action="store_true",
-            help="Then run the development server on 127.0.0.1:8000.",
+            help=f"Then run the development server on {ADDRESS}:{DEFAULT_PORT}.",
+        )
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help=f"The port to serve on (default {DEFAULT_PORT}); implies --serve.",
         )
 
-    def handle(self, *args: Any, serve: bool = False, **options: Any) -> None:
+    def handle(
+        self, *args: Any, serve: bool = False, port: int | None = None, **options: Any
+    ) -> None:
+        serve = serve or port is not None
+        port = DEFAULT_PORT if port is None else port
+        if serve:
+            ensure_free(port)  # before the stories: they take seconds, and change the database
+        host = f"{ADDRESS}:{port}"
         call_command("migrate", verbosity=0)
         self.ensure_users()
         database = connection.settings_dict["NAME"]
@@ -552,7 +633,7 @@ class Command(BaseCommand):
         failed = []
         with quiet("django.request", "django_idempotency"), self.payment_events_served():
             for play in STORIES:
-                story = play()
+                story = play(host)
                 self.show(story)
                 if story.failures:
                     failed.append(story.title)
@@ -561,7 +642,7 @@ class Command(BaseCommand):
             raise CommandError(msg)
         self.stdout.write(self.style.SUCCESS(f"All {len(STORIES)} stories behaved as promised."))
         if serve:
-            self.serve()
+            self.serve(port)
 
     @contextmanager
     def payment_events_served(self) -> Iterator[None]:
@@ -604,16 +685,18 @@ class Command(BaseCommand):
             self.stdout.write(self.style.ERROR(f"{'':{WIDTHS[0]}}  ✘ {failure}"))
         self.stdout.write("")
 
-    def serve(self) -> None:
+    def serve(self, port: int) -> None:
+        ensure_free(port)  # again: something may have taken it while the stories played
+        site = f"http://{ADDRESS}:{port}"
         self.stdout.write(
-            "\nThe API:   http://127.0.0.1:8000/api/payments/ and /api/refunds/"
+            f"\nThe API:   {site}/api/payments/ and /api/refunds/"
             f" (alice or bob, password {PASSWORD!r})\n"
-            "The admin: http://127.0.0.1:8000/admin/ (admin, password 'admin')\n"
-            "OpenAPI:   http://127.0.0.1:8000/api/schema/   Metrics: http://127.0.0.1:8000/metrics/\n"
+            f"The admin: {site}/admin/ (admin, password 'admin')\n"
+            f"OpenAPI:   {site}/api/schema/   Metrics: {site}/metrics/\n"
             "Try it:\n"
             "  curl -i -u alice:password -H 'Idempotency-Key: my-first-key' \\\n"
             "       -H 'Content-Type: application/json' \\\n"
-            '       -d \'{"amount": 1000, "currency": "eur"}\' http://127.0.0.1:8000/api/payments/\n'
+            f'       -d \'{{"amount": 1000, "currency": "eur"}}\' {site}/api/payments/\n'
         )
         # Without the autoreloader: it would start this command, stories and all, a second time.
-        call_command("runserver", "127.0.0.1:8000", use_reloader=False)
+        call_command("runserver", f"{ADDRESS}:{port}", use_reloader=False)
