@@ -14,7 +14,8 @@ from django.test import Client
 
 from django_idempotency.models import IdempotencyKey
 from payments import provider
-from payments.management.commands.demo import STORIES, TABLES
+from payments.management.stories import STORIES
+from payments.management.storytelling import TABLES
 from payments.models import CustomerNotice, LedgerEntry, Payment, Refund
 
 
