@@ -1,15 +1,22 @@
-"""The docs keep up with the code: every setting and every check id is documented, and every
-page is in the docs site's navigation."""
+"""The docs keep up with the code: every setting and every check id is documented, every page is
+in the docs site's navigation, and the examples that stand alone run."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from django_idempotency import checks, conf, problems
 from django_idempotency.conf import DEFAULTS
+from django_idempotency.signing import StandardWebhooksSignature
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 MKDOCS = DOCS.parent / "mkdocs.yml"
@@ -51,3 +58,45 @@ def test_every_page_is_in_the_site_navigation(page):
 
 def test_the_site_navigation_lists_only_existing_pages():
     assert {page for page in nav_pages() if not (DOCS / page).is_file()} == set()
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.MULTILINE | re.DOTALL)
+
+
+def test_the_inbox_senders_example_signs_a_delivery_as_a_plain_script():
+    """The sender example runs as it is, without Django settings, and its delivery verifies."""
+    (script,) = [b for b in python_blocks(DOCS / "inbox.md") if "django_idempotency.signing" in b]
+    received: list[tuple[dict[str, str], bytes]] = []
+
+    class Receiver(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((dict(self.headers), body))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/webhooks/orders/"
+    try:
+        script = script.replace("https://billing.example.com/webhooks/orders/", url)
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    (secret,) = re.findall(r'"(whsec_[^"]+)"', script)
+    [(headers, body)] = received
+    StandardWebhooksSignature([secret]).verify(headers, body)  # raises if the signature is wrong
+    assert json.loads(body)["id"] == "evt_1042"
+
+
+def test_the_changelog_page_is_the_changelog_itself():
+    # A link to the file: the docs site shows CHANGELOG.md, and a code host links to it, where an
+    # include directive would show as a raw line.
+    assert (DOCS / "changelog.md").resolve() == (DOCS.parent / "CHANGELOG.md").resolve()

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import base64
+import re
+import socket
 import uuid
 
 import pytest
 from django.contrib.auth.models import User
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.test import Client
 
+from django_idempotency.models import IdempotencyKey
 from example_project.settings import database_from_url
 from payments import provider
-from payments.management.commands.demo import STORIES
+from payments.management.stories import STORIES
+from payments.management.storytelling import TABLES
 from payments.models import CustomerNotice, LedgerEntry, Payment, Refund
 
 
@@ -44,6 +48,27 @@ def test_demo_runs_and_every_story_passes(capsys):
     assert f"All {len(STORIES)} stories behaved as promised." in out
     assert "h. crash mid-charge" in out
     assert "✘" not in out
+    # Each story's database column counts what it created: together, what the admin then lists.
+    for model, one, many in TABLES:
+        said = sum(int(n) for n in re.findall(rf"\+(\d+) (?:{many}|{one})\b", out))
+        assert said == model._default_manager.count(), many
+    # The answers were made for the host the demo serves on, and are replayed with its links.
+    bodies = b"".join(
+        IdempotencyKey.objects.exclude(response_body=None).values_list("response_body", flat=True)
+    )
+    assert b"http://127.0.0.1:8000/api/payments/" in bodies
+    assert b"testserver" not in bodies
+
+
+@pytest.mark.django_db(transaction=True)
+def test_demo_says_the_port_is_taken_before_playing_a_story():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=rf"127\.0\.0\.1:{port}: .* --port"):
+            call_command("demo", "--port", str(port))
+    assert not Payment.objects.exists()
 
 
 def test_payment_replay_is_byte_identical(alice):
