@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import gc
 import importlib.util
 import logging
 import random
@@ -1145,6 +1146,35 @@ def test_no_breaker_means_no_circuit(kind, server, fake):
     statuses = [call(kind, policy, "GET", server.url()).status for _ in range(21)]
 
     assert statuses == [503] * 20 + [200]
+
+
+@pytest.mark.django_db  # a scrape also reads the backlog gauges from the database
+def test_circuit_states_and_counts_are_metrics(server, fake):
+    from prometheus_client import REGISTRY  # noqa: PLC0415 - an extra, as for users
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, {"host": server.host, **labels})
+
+    policy = breaker_policy(fake)
+    open_circuit("httpx", server, policy)
+    fail_fast("httpx", server, policy)
+    fail_fast("httpx", server, policy)
+    # A second policy's breakers for the same host add to the counts.
+    other = breaker_policy(fake)
+    assert call("httpx", other, "GET", server.url()).status == 200
+
+    circuits = "django_idempotency_client_circuits"
+    assert sample(circuits, state="open") == 1
+    assert sample(circuits, state="closed") == 1
+    assert sample(circuits, state="half_open") == 0
+    assert sample("django_idempotency_client_circuit_opened_total") == 1
+    assert sample("django_idempotency_client_circuit_rejected_total") == 2
+    fake.now += 5.0
+    assert sample(circuits, state="half_open") == 1
+    # The breakers of a policy that is gone leave the metrics with it.
+    del other
+    gc.collect()
+    assert sample(circuits, state="closed") == 0
 
 
 @pytest.mark.parametrize(
