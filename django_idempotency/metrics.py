@@ -14,11 +14,16 @@ example project's view) exposes them too:
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_inbox_due_events``,
   ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
-  ``django_idempotency_outbox_dead_messages``.
+  ``django_idempotency_outbox_dead_messages``;
+- read from the retry client's circuit breakers at each scrape, when the client is installed:
+  ``django_idempotency_client_circuits{host, state}`` (circuits in each state: ``closed``,
+  ``open``, ``half_open``), ``django_idempotency_client_circuit_opened_total{host}`` and
+  ``django_idempotency_client_circuit_rejected_total{host}`` (requests failed fast).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -31,8 +36,13 @@ from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 
 with _optional.requires("metrics", __name__):
     from prometheus_client import REGISTRY, Counter, Histogram
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
+
+# The client's extra may be missing: then there are no circuits to report.
+_CLIENT = _optional.installed(_optional.EXTRAS["client"].module)
+if _CLIENT:
+    from django_idempotency.client._breaker import STATES, all_breakers
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -131,6 +141,53 @@ class BacklogCollector(Collector):
         ]
 
 
+class CircuitCollector(Collector):
+    """Report, at each scrape, every host's circuit in the retry client: state and counts."""
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families()
+
+    def collect(self) -> Iterable[Metric]:
+        families = self._families()
+        states, opened, rejected = families
+        # Policies with breakers of their own may share a host: their counts add up.
+        in_state: collections.Counter[tuple[str, str]] = collections.Counter()
+        opens: collections.Counter[str] = collections.Counter()
+        rejects: collections.Counter[str] = collections.Counter()
+        hosts = set()
+        for breaker in all_breakers():
+            hosts.add(breaker.host)
+            in_state[breaker.host, breaker.state] += 1
+            opens[breaker.host] += breaker.opened
+            rejects[breaker.host] += breaker.rejected
+        for host in sorted(hosts):
+            for state in STATES:
+                states.add_metric([host, state], in_state[host, state])
+            opened.add_metric([host], opens[host])
+            rejected.add_metric([host], rejects[host])
+        return families
+
+    @staticmethod
+    def _families() -> list[Any]:
+        return [
+            GaugeMetricFamily(
+                "django_idempotency_client_circuits",
+                "Circuits of the retry client, by host and state.",
+                labels=["host", "state"],
+            ),
+            CounterMetricFamily(
+                "django_idempotency_client_circuit_opened",
+                "Times a host's circuit opened.",
+                labels=["host"],
+            ),
+            CounterMetricFamily(
+                "django_idempotency_client_circuit_rejected",
+                "Requests failed fast by an open circuit.",
+                labels=["host"],
+            ),
+        ]
+
+
 def _connect() -> None:
     for signal in signals.DECISION_SIGNALS:
         signal.connect(_count_decision, dispatch_uid="django_idempotency.metrics", weak=False)
@@ -145,6 +202,8 @@ def _connect() -> None:
             _inbox_receiver(outcome), dispatch_uid="django_idempotency.metrics", weak=False
         )
     REGISTRY.register(BacklogCollector())
+    if _CLIENT:
+        REGISTRY.register(CircuitCollector())
 
 
 _connect()

@@ -3,7 +3,9 @@
 A request is retried only when sending it again is safe: an idempotent method, or a ``POST`` or
 ``PATCH`` that carries an idempotency key. Waits use exponential backoff with jitter, honour
 ``Retry-After``, never run past a total deadline, and draw on a per-host retry budget, so that
-retries cannot multiply the load on a service that is already failing.
+retries cannot multiply the load on a service that is already failing. A per-host circuit
+breaker goes further: after repeated failures it fails requests to the host fast, without sending
+them, until a trial request succeeds.
 
 Within a request that ``RetryGuardMiddleware`` handles, the client also keeps the promises of the
 request's caller (``django_idempotency.guard``): it does not retry when the caller retries, and it
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Final
 from django.core.exceptions import ImproperlyConfigured
 
 from django_idempotency import _optional
+from django_idempotency.client._breaker import CircuitBreaker, CircuitBreakers, CircuitOpen
 from django_idempotency.client._budgets import RetryBudget, RetryBudgets
 
 # The names marked F401 are public too, though __all__ has never listed them.
@@ -52,6 +55,9 @@ if _optional.installed("requests.adapters"):
 __all__ = [
     "RETRYABLE_STATUSES",
     "AsyncRetryTransport",
+    "CircuitBreaker",
+    "CircuitBreakers",
+    "CircuitOpen",
     "RetryAdapter",
     "RetryBudget",
     "RetryBudgets",

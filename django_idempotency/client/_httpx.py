@@ -8,6 +8,7 @@ from typing import Any, Final
 
 import httpx
 
+from django_idempotency.client._breaker import CircuitOpen
 from django_idempotency.client._budgets import host_of
 from django_idempotency.client._operation import Operation, adrain, drain
 from django_idempotency.client._policy import RetryPolicy
@@ -25,6 +26,10 @@ def _transient(error: BaseException) -> bool:
     return isinstance(
         error, (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
     )
+
+
+class _CircuitOpen(CircuitOpen, httpx.TransportError):
+    """The ``CircuitOpen`` of httpx: caught as any ``httpx.TransportError`` is."""
 
 
 def _start(policy: RetryPolicy, request: httpx.Request) -> Operation[httpx.Response]:
@@ -46,6 +51,7 @@ def _start(policy: RetryPolicy, request: httpx.Request) -> Operation[httpx.Respo
         retry_after=lambda response: response.headers.get("Retry-After"),
         transient=_transient,
         set_timeout=set_timeout,
+        circuit_open=functools.partial(_CircuitOpen, request=request),
     )
 
 

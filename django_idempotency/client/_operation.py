@@ -18,8 +18,10 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from django_idempotency import guard
+from django_idempotency.client._breaker import CircuitOpen
 from django_idempotency.client._policy import (
     CONFLICT,
+    FAILING_STATUSES,
     RETRYABLE_STATUSES,
     backoff,
     parse_retry_after,
@@ -28,6 +30,7 @@ from django_idempotency.client._policy import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping
 
+    from django_idempotency.client._breaker import Admission, CircuitBreaker, Outcome
     from django_idempotency.client._budgets import RetryBudget
     from django_idempotency.client._policy import RetryPolicy
 
@@ -55,7 +58,8 @@ class _Decision:
 class Operation(Generic[R]):
     """Decide for one logical request, over its attempts, what to retry and how long to wait.
 
-    Made by ``start_operation()``; making one changes neither the request nor the budget.
+    Made by ``start_operation()``; making one changes neither the request, the budget nor the
+    circuit: the first attempt counts in the budget, once the circuit has let it through.
     """
 
     def __init__(
@@ -67,11 +71,13 @@ class Operation(Generic[R]):
         headers: MutableMapping[str, str],
         retryable: bool,
         budget: RetryBudget | None,
+        breaker: CircuitBreaker | None,
         deadline: float,
         status: Callable[[R], int],
         retry_after: Callable[[R], str | None],
         transient: Callable[[BaseException], bool],
         set_timeout: Callable[[float], None],
+        circuit_open: Callable[[str, float], BaseException],
     ) -> None:
         self.policy = policy
         self.method = method
@@ -79,11 +85,14 @@ class Operation(Generic[R]):
         self.headers = headers
         self.retryable = retryable
         self.budget = budget
+        self.breaker = breaker
         self.deadline = deadline
         self._status = status
         self._retry_after = retry_after
         self._transient = transient
         self._set_timeout = set_timeout
+        self._circuit_open = circuit_open
+        self._attempts = 0
         self.reason = ""
         self.discarded: R | None = None
         self._previous_delay = policy.base_delay
@@ -96,7 +105,10 @@ class Operation(Generic[R]):
         outcome = _outcome(state)
         error = outcome.exception()
         if error is not None:
-            return type(error).__name__ if self._transient(error) else None
+            # A circuit that opened while this request waited to retry: retrying it is what the
+            # circuit is there to stop.
+            transient = self._transient(error) and not isinstance(error, CircuitOpen)
+            return type(error).__name__ if transient else None
         response = outcome.result()
         status = self._status(response)
         if status in RETRYABLE_STATUSES:
@@ -138,6 +150,9 @@ class Operation(Generic[R]):
         if policy.clock() + delay >= self.deadline:
             # The next attempt would have no time left to run.
             return "deadline"
+        if self.breaker is not None and self.breaker.state != "closed":
+            # This request's failures, or other requests', opened the host's circuit.
+            return "circuit_open"
         # Last, so that a token is spent only on a retry that will happen.
         if self.budget is not None and not self.budget.try_withdraw():
             return "budget"
@@ -189,13 +204,42 @@ class Operation(Generic[R]):
             "retry_error_callback": self.give_up,
         }
 
-    def before_attempt(self) -> None:
-        """Bound the attempt by what is left of the deadline, and tell the server so."""
+    def before_attempt(self) -> Admission | None:
+        """Pass the circuit, bound the attempt by what is left of the deadline, tell the server.
+
+        Raises the transport's ``CircuitOpen`` error if the host's circuit refuses the attempt.
+        """
+        admission = None
+        if self.breaker is not None:
+            admission = self.breaker.admit()
+            if not admission.allowed:
+                raise self._circuit_open(self.host, admission.retry_in)
+        self._attempts += 1
+        if self._attempts == 1 and self.budget is not None:
+            # Counted once the request is sent: a request failed fast must not earn retries.
+            self.budget.deposit()
         left = max(0.0, self.deadline - self.policy.clock())
         # An attempt cannot outlast the deadline: timeouts shrink inward, call after call.
         self._set_timeout(max(left, _MIN_TIMEOUT))
         if self.policy.propagate:
             self.headers[guard.TIMEOUT_HEADER] = str(int(left * 1000))
+        return admission
+
+    def after_attempt(
+        self, admission: Admission | None, response: R | None, error: BaseException | None
+    ) -> None:
+        """Count the attempt's outcome in the host's circuit."""
+        if self.breaker is None or admission is None:
+            return
+        outcome: Outcome
+        if error is not None:
+            # An error that is not transient (a TLS failure, a cancelled task) says nothing of
+            # the host's health.
+            outcome = "failure" if self._transient(error) else "neither"
+        else:
+            failing = self._status(cast("R", response)) in FAILING_STATUSES
+            outcome = "failure" if failing else "success"
+        self.breaker.record(admission, outcome)
 
     def run(self, send: Callable[[], R], discard: Callable[[R], None]) -> R:
         """Send the request until it succeeds or a retry is not allowed."""
@@ -207,8 +251,14 @@ class Operation(Generic[R]):
             self.policy.sleep(seconds)
 
         def attempt() -> R:
-            self.before_attempt()
-            return send()
+            admission = self.before_attempt()
+            try:
+                response = send()
+            except BaseException as error:
+                self.after_attempt(admission, None, error)
+                raise
+            self.after_attempt(admission, response, None)
+            return response
 
         return tenacity.Retrying(sleep=sleep, **self._pieces())(attempt)
 
@@ -226,8 +276,14 @@ class Operation(Generic[R]):
             await self.policy.async_sleep(seconds)
 
         async def attempt() -> R:
-            self.before_attempt()
-            return await send()
+            admission = self.before_attempt()
+            try:
+                response = await send()
+            except BaseException as error:
+                self.after_attempt(admission, None, error)
+                raise
+            self.after_attempt(admission, response, None)
+            return response
 
         return cast("R", await tenacity.AsyncRetrying(sleep=sleep, **self._pieces())(attempt))
 

@@ -11,6 +11,7 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Final, Literal
 
 from django_idempotency.backoff import decorrelated_jitter, equal_jitter, full_jitter
+from django_idempotency.client._breaker import SHARED_BREAKERS, CircuitBreakers
 from django_idempotency.client._budgets import SHARED_BUDGETS, RetryBudgets
 
 if TYPE_CHECKING:
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
 #: Statuses worth another attempt: the request timed out, came too early, was rate limited, or
 #: the server failed in a way that may pass. 501 and 505 will not pass.
 RETRYABLE_STATUSES: Final = frozenset({408, 425, 429, *range(500, 600)} - {501, 505})
+
+#: Statuses that count against a host's circuit: the retryable ones that blame the server. 408,
+#: 425 and 429 blame the request or its sender, and Retry-After already paces those.
+FAILING_STATUSES: Final = frozenset(status for status in RETRYABLE_STATUSES if status >= 500)
 
 #: Retried only with an idempotency key and a Retry-After: a duplicate of a request still running.
 CONFLICT: Final = 409
@@ -42,6 +47,7 @@ class RetryPolicy:
     deadline: float = 30.0
     jitter: Jitter = "full"
     budget: RetryBudgets | None = SHARED_BUDGETS
+    breaker: CircuitBreakers | None = SHARED_BREAKERS
     key_header: str = "Idempotency-Key"
     add_keys: bool = True
     propagate: bool = True

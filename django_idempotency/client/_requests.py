@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import requests
 from requests.adapters import HTTPAdapter
 
+from django_idempotency.client._breaker import CircuitOpen
 from django_idempotency.client._budgets import host_of
 from django_idempotency.client._operation import Operation, drain
 from django_idempotency.client._policy import RetryPolicy
@@ -16,6 +18,10 @@ from django_idempotency.client._start import start_operation
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
+
+
+class _CircuitOpen(CircuitOpen, requests.ConnectionError):
+    """The ``CircuitOpen`` of requests: caught as any ``requests.ConnectionError`` is."""
 
 
 def _transient(error: BaseException) -> bool:
@@ -77,6 +83,7 @@ class RetryAdapter(HTTPAdapter):
             retry_after=lambda response: response.headers.get("Retry-After"),
             transient=_transient,
             set_timeout=set_timeout,
+            circuit_open=functools.partial(_CircuitOpen, request=request),
         )
 
         def send() -> requests.Response:

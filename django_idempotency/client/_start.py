@@ -28,11 +28,12 @@ def start_operation(
     retry_after: Callable[[R], str | None],
     transient: Callable[[BaseException], bool],
     set_timeout: Callable[[float], None],
+    circuit_open: Callable[[str, float], BaseException],
 ) -> Operation[R]:
     """Prepare a request for its first attempt and return the operation that will send it.
 
-    Adds the idempotency key and ``Do-Not-Retry`` to ``headers``, and counts the request in the
-    retry budget of ``host``.
+    Adds the idempotency key and ``Do-Not-Retry`` to ``headers``. ``circuit_open`` makes the
+    error raised instead of an attempt while the circuit of ``host`` is open.
     """
     method = method.upper()
     keyed = _add_key(policy, method, headers)
@@ -43,8 +44,7 @@ def start_operation(
     if policy.propagate and (retryable or not inbound.retries_allowed):
         headers[guard.DO_NOT_RETRY_HEADER] = "1"
     budget = None if policy.budget is None else policy.budget.budget_for(host)
-    if budget is not None:
-        budget.deposit()
+    breaker = None if policy.breaker is None else policy.breaker.breaker_for(host)
     started = policy.clock()
     caller_waits = inbound.remaining()
     deadline = started + (
@@ -57,11 +57,13 @@ def start_operation(
         headers=headers,
         retryable=retryable,
         budget=budget,
+        breaker=breaker,
         deadline=deadline,
         status=status,
         retry_after=retry_after,
         transient=transient,
         set_timeout=set_timeout,
+        circuit_open=circuit_open,
     )
 
 
