@@ -108,7 +108,7 @@ ALL = (
 BY_CODE = {problem.code: problem for problem in ALL}
 
 # The REST framework's own errors, answered by the opt-in exception handler
-# (django_idempotency.drf.problem_exception_handler). The advice holds for the default
+# (django_idempotency.drf_errors.problem_exception_handler). The advice holds for the default
 # INVALID_REQUEST_STATUS_CODES and RETRYABLE_STATUS_CODES: a 400 is not kept under the key, so
 # the corrected request may reuse it; a 404, 405 or 415 from the view is kept and replayed.
 VALIDATION_INVALID = Problem(

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import problems
-from django_idempotency.drf import DependencyTimeout, DependencyUnavailable
+from django_idempotency.drf_errors import DependencyTimeout, DependencyUnavailable
 from tests.conftest import ApiClient
 from tests.testapp.models import Payment
 
@@ -26,7 +29,7 @@ HANDLER = {
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "django_idempotency.drf.problem_exception_handler",
+    "EXCEPTION_HANDLER": "django_idempotency.drf_errors.problem_exception_handler",
 }
 
 
@@ -265,3 +268,40 @@ def test_every_code_has_advice_and_is_documented(problem_type):
     assert problem_type.retry in {"same_key", "new_key", "no"}
     page = (Path(__file__).resolve().parent.parent / "docs" / "errors.md").read_text()
     assert f"`{problem_type.code}`" in page
+
+
+CONFIGURED_WITH_THE_PARSER = textwrap.dedent(
+    """
+    import django
+    from django.conf import settings
+
+    settings.configure(
+        INSTALLED_APPS=[
+            "django.contrib.auth", "django.contrib.contenttypes", "django_idempotency"
+        ],
+        REST_FRAMEWORK={
+            "DEFAULT_PARSER_CLASSES": ["django_idempotency.drf.JSONParser"],
+            "EXCEPTION_HANDLER": "django_idempotency.drf_errors.problem_exception_handler",
+        },
+    )
+    django.setup()
+    import django_idempotency.drf
+    from rest_framework.views import APIView
+
+    print(APIView().get_exception_handler().__module__, APIView.parser_classes[0].__module__)
+    """
+)
+
+
+def test_the_handler_and_the_parser_can_be_set_together():
+    # rest_framework.views reads DEFAULT_PARSER_CLASSES on import: importing it from the module
+    # that defines the parser would be an import circle.
+    completed = subprocess.run(
+        [sys.executable, "-c", CONFIGURED_WITH_THE_PARSER],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.split() == ["django_idempotency.drf_errors", "django_idempotency.drf"]
