@@ -101,13 +101,15 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
         return None
     problem = problem_of(exc, response.status_code)
     extra: dict[str, Any] = {}
-    if isinstance(exc, exceptions.ValidationError):
-        detail = "The request has invalid data; see errors."
-        extra["errors"] = exc.detail  # the body DRF would have sent: fields, or a list
+    if isinstance(exc, exceptions.APIException) and not isinstance(exc.detail, str):
+        # A ValidationError (always a list or a dict of fields), or any error raised with one:
+        # the body DRF would have sent.
+        detail = f"{problem.title}; see errors."
+        extra["errors"] = exc.detail
     elif isinstance(exc, exceptions.APIException):
         detail = str(exc.detail)
         if isinstance(exc, exceptions.ParseError):
-            extra["errors"] = [exc.detail]
+            extra["errors"] = [exc.detail]  # a body that cannot be parsed is invalid too
     else:  # Http404 or Django's PermissionDenied, converted by DRF's handler
         detail = str(response.data["detail"])
     answer = problems.problem_response(problem, detail, extra=extra)

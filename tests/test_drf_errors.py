@@ -55,6 +55,7 @@ RAISED = {
     "named": NamedCardDeclined(),
     "database": OperationalError("server closed the connection unexpectedly"),
     "list": exceptions.ValidationError("Pick one of the two."),
+    "conflict-fields": exceptions.APIException({"slot": "taken"}),
 }
 
 
@@ -112,6 +113,7 @@ def test_invalid_data_keeps_the_field_errors_and_its_key_for_the_corrected_retry
     assert body["retry"] == "same_key"
     assert list(body["errors"]) == ["amount"]
     assert body["errors"]["amount"][0].startswith("Ensure this value")
+    assert body["detail"] == "The request is invalid; see errors."
 
     # The advice holds: the 400 was not kept, so the corrected request runs under the same key.
     corrected = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
@@ -130,6 +132,12 @@ def test_a_validation_error_after_a_write_rolls_it_back(client_alice, key):
 def test_a_list_of_messages_is_kept_as_a_list():
     body = problem(ApiClient().get("/raise/list/"), "validation.invalid", 400)
     assert body["errors"] == ["Pick one of the two."]
+
+
+def test_any_error_raised_with_fields_keeps_them():
+    body = problem(ApiClient().get("/raise/conflict-fields/"), "server.error", 500)
+    assert body["errors"] == {"slot": "taken"}
+    assert body["detail"] == "The request could not be completed; see errors."
 
 
 def test_a_body_that_cannot_be_parsed_is_invalid_too(client_alice, key):
