@@ -2,8 +2,9 @@
 
 Loaded by the app when drf-spectacular is installed; nothing to configure. Every operation of a
 view with ``IdempotentMixin`` whose method the view protects gets the ``Idempotency-Key`` header
-parameter (required or optional as the view says), the ``400``, ``409`` and ``422`` problem
-answers, and the ``Idempotency-Status`` and ``Idempotent-Replayed`` headers on its success
+parameter (required or optional as the view says, with the key's format and lifetime), the
+``400``, ``409``, ``422`` and ``503`` problem answers (and ``403`` when anonymous keys are
+rejected), and the ``Idempotency-Status`` and ``Idempotent-Replayed`` headers on its success
 answers. A view with ``ConditionalMixin`` gets ``If-Match`` on ``PUT``, ``PATCH`` and
 ``DELETE``, ``If-None-Match`` on ``GET``, the ``ETag`` header, and the ``304``, ``412`` and
 ``428`` answers.
@@ -25,9 +26,12 @@ from django_idempotency import problems
 from django_idempotency.conditional import CONDITIONAL_METHODS
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
+from django_idempotency.keys import MAX_LENGTH
 from django_idempotency.responses import REPLAYED_HEADER, STATUS_HEADER
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from drf_spectacular.openapi import AutoSchema
     from rest_framework.views import APIView
 
@@ -63,10 +67,32 @@ _IDEMPOTENCY_ANSWERS = {
     ),
     "409": (
         "A request with this key is still in progress (`idempotency.in_progress`); "
-        "retry after `Retry-After` seconds."
+        "retry with the same key after `Retry-After` seconds."
     ),
-    "422": "The key was used with a different request (`idempotency.payload_mismatch`).",
+    "422": (
+        "The key was used with a different request (`idempotency.payload_mismatch`); "
+        "a new operation needs a new key."
+    ),
+    "503": (
+        "The database could not complete the request (`idempotency.unavailable`); "
+        "retry with the same key after `Retry-After` seconds."
+    ),
 }
+_ANONYMOUS_ANSWER = {
+    "403": (
+        "The request has a key but no authenticated user (`idempotency.anonymous_rejected`); "
+        "authenticate, then retry with the same key."
+    ),
+}
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying with the same key.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+# A bare key, as keys.parse_key accepts it: visible ASCII (RFC 5234 VCHAR). The draft's quoted
+# form ("abc") names the same key with two more characters.
+_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH, "pattern": "^[!-~]+$"}
 _CONDITIONAL_ANSWERS = {
     "400": "The If-Match header is malformed (`precondition.invalid`).",
     "412": (
@@ -127,11 +153,23 @@ def document(operation: dict[str, Any], view: APIView, method: str, registry: An
                 required=policy.required,
                 description=(
                     "A unique value for each logical operation, sent again with each retry: a "
-                    "retry gets the first answer back, and the operation runs once."
+                    "retry gets the first answer back, and the operation runs once. "
+                    f"1 to {MAX_LENGTH} visible ASCII characters, such as a UUID; a bare key "
+                    "has no comma. The key is kept for "
+                    f"{_duration(policy.ttl)} after its first request; after that, the same key "
+                    "runs the operation again."
                 ),
-                schema={"type": "string", "minLength": 1, "maxLength": 255},
+                schema=_KEY_SCHEMA,
+                # The IETF draft asks a resource to publish its key's expiry policy; the
+                # description says it to people, this says it to programs.
+                extensions={"x-idempotency-key-ttl-seconds": int(policy.ttl.total_seconds())},
             )
-            _add_problems(operation, _IDEMPOTENCY_ANSWERS)
+            answers = dict(_IDEMPOTENCY_ANSWERS)
+            if idempotency_settings.ANONYMOUS == "reject":
+                answers.update(_ANONYMOUS_ANSWER)
+            _add_problems(operation, answers)
+            for status in ("409", "503"):
+                operation["responses"][status].setdefault("headers", {}).update(_RETRY_AFTER)
             _add_success_headers(
                 operation,
                 {
@@ -182,8 +220,25 @@ def _document_conditional(operation: dict[str, Any], view: ConditionalMixin, met
         _add_success_headers(operation, etag)
 
 
+def _duration(ttl: timedelta) -> str:
+    """``ttl`` in the largest unit that says it exactly: "24 hours", "90 minutes"."""
+    seconds = int(ttl.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        # Under two days in hours, as the settings speak of "24 hours".
+        if seconds % size == 0 and seconds >= size * (2 if unit == "day" else 1):
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
 def _add_parameter(
-    operation: dict[str, Any], name: str, *, required: bool, description: str, schema: Any
+    operation: dict[str, Any],
+    name: str,
+    *,
+    required: bool,
+    description: str,
+    schema: Any,
+    extensions: dict[str, Any] | None = None,
 ) -> None:
     parameters = operation.setdefault("parameters", [])
     if any(
@@ -197,6 +252,7 @@ def _add_parameter(
             "required": required,
             "description": description,
             "schema": schema,
+            **(extensions or {}),
         }
     )
 

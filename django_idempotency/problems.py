@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.http import HttpResponse
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+# What a client does with its idempotency key when it sends the request again: the same key
+# (nothing was kept under it), a new key (the key is bound to another request, or its answer
+# was kept), or not at all (the answer is final).
+Retry = Literal["same_key", "new_key", "no"]
 
 # RFC 9457 section 3.1.1: a "tag:" URI names a problem type that is not meant to be dereferenced.
 TYPE_PREFIX = "tag:django-idempotency,2026:"
@@ -17,6 +26,10 @@ class Problem:
     status: int
     title: str
     retry_after: int | None = None
+    # Sent as the "retryable" and "retry" members when set: whether the same request may
+    # succeed if sent again, and with which key.
+    retryable: bool | None = None
+    retry: Retry | None = None
 
 
 KEY_MISSING = Problem("idempotency.key_missing", 400, "An idempotency key is required")
@@ -94,16 +107,104 @@ ALL = (
 )
 BY_CODE = {problem.code: problem for problem in ALL}
 
+# The REST framework's own errors, answered by the opt-in exception handler
+# (django_idempotency.drf_errors.problem_exception_handler). The advice holds for the default
+# INVALID_REQUEST_STATUS_CODES and RETRYABLE_STATUS_CODES: a 400 is not kept under the key, so
+# the corrected request may reuse it; a 404, 405 or 415 from the view is kept and replayed.
+VALIDATION_INVALID = Problem(
+    "validation.invalid", 400, "The request is invalid", retryable=False, retry="same_key"
+)
+UNSUPPORTED_MEDIA_TYPE = Problem(
+    "validation.unsupported_media_type",
+    415,
+    "The request body's media type is not supported",
+    retryable=False,
+    retry="new_key",
+)
+NOT_AUTHENTICATED = Problem(
+    "auth.not_authenticated", 401, "Authentication is required", retryable=False, retry="same_key"
+)
+AUTHENTICATION_FAILED = Problem(
+    "auth.authentication_failed",
+    401,
+    "The credentials are not valid",
+    retryable=False,
+    retry="same_key",
+)
+PERMISSION_DENIED = Problem(
+    "auth.permission_denied", 403, "Permission denied", retryable=False, retry="no"
+)
+NOT_FOUND = Problem("not_found", 404, "Not found", retryable=False, retry="no")
+API_METHOD_NOT_ALLOWED = Problem(
+    "method_not_allowed", 405, "The method is not allowed", retryable=False, retry="no"
+)
+NOT_ACCEPTABLE = Problem(
+    "not_acceptable",
+    406,
+    "No representation matches the Accept header",
+    retryable=False,
+    retry="same_key",
+)
+RATE_LIMITED = Problem(
+    "rate_limit.exceeded", 429, "Too many requests", retryable=True, retry="same_key"
+)
+DEPENDENCY_UNAVAILABLE = Problem(
+    "dependency.unavailable",
+    503,
+    "A service this request depends on is unavailable",
+    retryable=True,
+    retry="same_key",
+)
+# The effect downstream may have happened: only a retry with the same key is safe.
+DEPENDENCY_TIMEOUT = Problem(
+    "transient.timeout",
+    504,
+    "A service this request depends on did not answer in time",
+    retryable=True,
+    retry="same_key",
+)
+# Any other error of the REST framework, by its status: a 5xx is never kept under the key.
+SERVER_ERROR = Problem(
+    "server.error", 500, "The request could not be completed", retryable=True, retry="same_key"
+)
+REQUEST_REJECTED = Problem(
+    "request.rejected", 400, "The request was rejected", retryable=False, retry="no"
+)
+API_ERRORS = (
+    VALIDATION_INVALID,
+    UNSUPPORTED_MEDIA_TYPE,
+    NOT_AUTHENTICATED,
+    AUTHENTICATION_FAILED,
+    PERMISSION_DENIED,
+    NOT_FOUND,
+    API_METHOD_NOT_ALLOWED,
+    NOT_ACCEPTABLE,
+    RATE_LIMITED,
+    DEPENDENCY_UNAVAILABLE,
+    DEPENDENCY_TIMEOUT,
+    SERVER_ERROR,
+    REQUEST_REJECTED,
+)
 
-def problem_response(problem: Problem, detail: str) -> HttpResponse:
-    """Render ``problem`` as an RFC 9457 response; ``detail`` must never carry request data."""
-    body = {
+
+def problem_response(
+    problem: Problem, detail: str, *, extra: Mapping[str, Any] | None = None
+) -> HttpResponse:
+    """Render ``problem`` as an RFC 9457 response; ``detail`` must never carry request data.
+
+    ``extra`` holds extension members (RFC 9457 section 3.2), such as a form's field errors.
+    """
+    body: dict[str, Any] = {
         "type": TYPE_PREFIX + problem.code,
         "title": problem.title,
         "status": problem.status,
         "detail": detail,
         "code": problem.code,
     }
+    if problem.retry is not None:
+        body["retryable"] = problem.retryable
+        body["retry"] = problem.retry
+    body.update(extra or {})
     response = HttpResponse(
         json.dumps(body), status=problem.status, content_type="application/problem+json"
     )

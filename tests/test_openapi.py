@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import re
+from datetime import timedelta
+
 import pytest
 from django.test import override_settings
+from django.urls import path
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.validation import validate_schema
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.keys import InvalidKey, parse_key
 
 PROBLEM = {"$ref": "#/components/schemas/IdempotencyProblem"}
 
@@ -95,3 +104,88 @@ def test_both_mixins_document_both(schema):
     assert header(patch, "Idempotency-Key") is not None
     assert header(patch, "If-Match") is not None
     assert {"400", "409", "412", "422"} <= set(patch["responses"])
+
+
+def test_the_key_publishes_its_format_and_lifetime(schema):
+    key = header(operation(schema, "/payments/", "post"), "Idempotency-Key")
+    assert key["schema"] == {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 255,
+        "pattern": "^[!-~]+$",
+    }
+    assert "visible ASCII" in key["description"]
+    assert "kept for 24 hours after its first request" in key["description"]
+    assert key["x-idempotency-key-ttl-seconds"] == 86400
+
+
+@pytest.mark.parametrize("value", ["abc-123", "a b", "caf\u00e9", "tab\there", "~!#$%"])
+def test_the_published_pattern_is_what_the_server_accepts(schema, value):
+    pattern = header(operation(schema, "/payments/", "post"), "Idempotency-Key")["schema"][
+        "pattern"
+    ]
+    try:
+        parse_key(value)
+    except InvalidKey:
+        accepted = False
+    else:
+        accepted = True
+    assert bool(re.fullmatch(pattern, value)) is accepted
+
+
+@pytest.mark.parametrize(
+    ("ttl", "said"),
+    [
+        (90 * 60, "90 minutes"),
+        (60, "1 minute"),
+        (45, "45 seconds"),
+        (3600, "1 hour"),
+        (timedelta(days=7), "7 days"),
+        (timedelta(days=1, seconds=1), "86401 seconds"),
+    ],
+)
+def test_the_lifetime_follows_the_ttl(ttl, said):
+    with override_settings(IDEMPOTENCY={"TTL": ttl}):
+        generated = SchemaGenerator().get_schema(request=None, public=True)
+    key = header(operation(generated, "/payments/", "post"), "Idempotency-Key")
+    assert f"kept for {said} after" in key["description"]
+    seconds = ttl.total_seconds() if isinstance(ttl, timedelta) else ttl
+    assert key["x-idempotency-key-ttl-seconds"] == seconds
+
+
+class WeekLongKeys(IdempotentMixin, APIView):
+    idempotency_ttl = timedelta(days=7)
+
+    def post(self, request):
+        return Response(status=201)
+
+
+def test_the_lifetime_is_the_views_own():
+    generated = SchemaGenerator(patterns=[path("week/", WeekLongKeys.as_view())]).get_schema(
+        request=None, public=True
+    )
+    key = header(operation(generated, "/week/", "post"), "Idempotency-Key")
+    assert key["x-idempotency-key-ttl-seconds"] == 7 * 86400
+
+
+def test_the_retryable_answers_say_when_to_retry_with_the_same_key(schema):
+    op = operation(schema, "/payments/", "post")
+    for status in ("409", "503"):
+        response = op["responses"][status]
+        assert response["content"]["application/problem+json"]["schema"] == PROBLEM
+        assert response["headers"]["Retry-After"]["schema"]["type"] == "integer"
+        assert "same key" in response["description"]
+    assert "idempotency.unavailable" in op["responses"]["503"]["description"]
+    assert "new key" in op["responses"]["422"]["description"]
+    assert "503" not in operation(schema, "/payments/", "get")["responses"]
+
+
+def test_the_403_is_documented_only_when_anonymous_keys_are_rejected(schema):
+    assert "403" not in operation(schema, "/payments/", "post")["responses"]
+    with override_settings(IDEMPOTENCY={"ANONYMOUS": "reject"}):
+        generated = SchemaGenerator().get_schema(request=None, public=True)
+        validate_schema(generated)
+    forbidden = operation(generated, "/payments/", "post")["responses"]["403"]
+    assert "idempotency.anonymous_rejected" in forbidden["description"]
+    assert forbidden["content"]["application/problem+json"]["schema"] == PROBLEM
+    assert "403" not in operation(generated, "/payments/", "get")["responses"]

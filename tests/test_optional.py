@@ -182,6 +182,7 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
     outcome = json.loads(completed.stdout.splitlines()[-1])
     needs = {
         "django_idempotency.drf": "drf",
+        "django_idempotency.drf_errors": "drf",
         "django_idempotency.openapi": "openapi",
         "django_idempotency.tasks": "celery",
         "django_idempotency.client": "client",
