@@ -187,7 +187,7 @@ class TestLeaseConcurrency:
         )
         try:
             # Killed mid-effect: the provider charged, the payment is not recorded.
-            self.wait_for(lambda: Charge.objects.filter(key=key).exists(), timeout=30)
+            self.wait_for(lambda: Charge.objects.filter(key=key, calls=1).exists(), timeout=30)
             worker.send_signal(signal.SIGKILL)
             worker.wait(timeout=10)
         finally:
