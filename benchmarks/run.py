@@ -5,16 +5,20 @@ Scenarios, alternated round by round so that every ratio comes from one run:
   bare    POST to the payment view without IdempotentMixin
   fresh   POST to the idempotent payment view, a new key each time
   replay  POST to the idempotent payment view, always the same key (every answer a replay)
+  naive-fresh, naive-replay  the same against a deliberately naive idempotent view (naive.py):
+          the floor, two statements and nothing else
   bare-webhook  signed webhooks to a view that only inserts the body into a table
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
+Every run checks its effects: one payment and one key per fresh request, none per replay.
 Then, once a round, a burst of 64 POSTs with one key sent at once: the effects in the database,
 the answers, and the time to the last answer.
 With --sweep 1 2 4 ..., bare, fresh and replay again at each of those numbers of connections,
 alternated the same way, for a plot of throughput against concurrency (--plot PATH draws it).
 With --purge-rows N, fresh POSTs alone and while a throttled purge deletes N expired keys.
 
-With --database mariadb, all of it but the purge on MariaDB instead.
+With --database mariadb, all of it but the purge on MariaDB instead. With --worker-class
+gthread, gunicorn runs threaded workers (4 workers x 4 threads by default) instead of sync ones.
 
 Prints Markdown tables. Needs wrk (Debian package "wrk"), a PostgreSQL server
 (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) or a MariaDB server (MARIADB_HOST,
@@ -50,7 +54,7 @@ if __package__ in {None, ""}:  # run as a script: make the benchmarks package im
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ROOT, millis, plural, ratio, table
-from benchmarks.databases import DATABASES, scalar
+from benchmarks.databases import DATABASES, NAIVE_TABLE, scalar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -84,17 +88,22 @@ SCENARIOS = {
     "bare": {"path": "/bench/bare/payments/", "key": "none"},
     "fresh": {"path": "/api/payments/", "key": ""},
     "replay": {"path": "/api/payments/", "key": "the-one-key"},
+    "naive-fresh": {"path": "/bench/naive/payments/", "key": ""},
+    "naive-replay": {"path": "/bench/naive/payments/", "key": "the-one-key"},
     "bare-webhook": {"path": "/bench/bare/webhooks/"},
     "inbox": {"path": "/webhooks/provider/"},
 }
 WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
+REQUEST_SCENARIOS = ("bare", "fresh", "replay", "naive-fresh", "naive-replay")
 
 # How the tables and the plot name the scenarios.
 LABELS = {
     "bare": "`bare`",
     "fresh": "`fresh` (new key each time)",
     "replay": "`replay` (same key each time)",
+    "naive-fresh": "`naive-fresh`: the naive floor, new key each time",
+    "naive-replay": "`naive-replay`: the naive floor, same key each time",
     "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
     "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
 }
@@ -172,6 +181,7 @@ def prepare_database(env: dict[str, str], database: str) -> None:
     manage(env, "migrate", "--verbosity", "0")
     with server.connect(DATABASE) as connection, connection.cursor() as cursor:
         cursor.execute(server.bare_table)
+        cursor.execute(server.naive_table)
     import redis  # noqa: PLC0415
 
     redis.Redis(db=13).flushdb()
@@ -210,13 +220,16 @@ def serve(args: argparse.Namespace) -> Iterator[Server]:
         prepare_database(env, args.database)
         gunicorn = [
             sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
+            "--worker-class", args.worker_class, "--threads", str(worker_threads(args)),
             "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
         ]  # fmt: skip
         process = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
         try:
             base = f"http://127.0.0.1:{args.port}"
             wait_until_up(base + "/api/payments/")
-            yield Server(base, env, args.database)
+            server = Server(base, env, args.database)
+            seed_replays(server)
+            yield server
         finally:
             process.terminate()
             process.wait(timeout=30)
@@ -298,17 +311,62 @@ def run_wrk(
     }
 
 
-# What each scenario must have written: proof that the load was what it says it is.
-COUNTS = {
-    "fresh": ("SELECT count(*) FROM django_idempotency_idempotencykey", 1.0),
-    "bare-webhook": ("SELECT count(*) FROM bench_bare_event", 1.0),
-    "inbox": ("SELECT count(*) FROM django_idempotency_inboxevent", 0.5),
+# What each scenario must have written, in rows per request: proof that the load was what it
+# says it is. A replay writes no row at all.
+TABLES = {
+    "payments": "payments_payment",
+    "keys": "django_idempotency_idempotencykey",
+    "naive keys": NAIVE_TABLE,
+    "events": "bench_bare_event",
+    "inbox events": "django_idempotency_inboxevent",
+}
+COUNTS: dict[str, dict[str, float]] = {
+    "bare": {"payments": 1.0, "keys": 0.0, "naive keys": 0.0},
+    "fresh": {"payments": 1.0, "keys": 1.0},
+    "replay": {"payments": 0.0, "keys": 0.0},
+    "naive-fresh": {"payments": 1.0, "naive keys": 1.0},
+    "naive-replay": {"payments": 0.0, "naive keys": 0.0},
+    "bare-webhook": {"events": 1.0},
+    "inbox": {"inbox events": 0.5},
 }
 
 
-def rows_created(server: Server) -> dict[str, int]:
+def rows_created(server: Server, scenario: str) -> dict[str, int]:
     with DATABASES[server.database].connect(DATABASE) as connection:
-        return {name: scalar(connection, sql) for name, (sql, _share) in COUNTS.items()}
+        return {
+            name: scalar(connection, f"SELECT count(*) FROM {TABLES[name]}")
+            for name in COUNTS[scenario]
+        }
+
+
+def settled_rows(server: Server, scenario: str) -> dict[str, int]:
+    """``rows_created`` once the requests that wrk left in flight have written theirs."""
+    rows = rows_created(server, scenario)
+    while True:
+        time.sleep(0.1)
+        again = rows_created(server, scenario)
+        if again == rows:
+            return rows
+        rows = again
+
+
+def seed_replays(server: Server) -> None:
+    """Store the one key of each replay scenario, so that every request they send is a replay."""
+    for scenario in ("replay", "naive-replay"):
+        spec = SCENARIOS[scenario]
+        request = urllib.request.Request(  # noqa: S310 - loopback only
+            server.base + spec["path"],
+            data=BODY.encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": AUTH,
+                "Idempotency-Key": spec["key"],
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            if response.status != 201:  # pragma: no cover - urlopen raises for 4xx and 5xx
+                raise SystemExit(f"{scenario}: seeding its key answered {response.status}")
 
 
 def checked_run(
@@ -320,16 +378,20 @@ def checked_run(
     connections: int | None = None,
     duration: int | None = None,
 ) -> Measure:
-    """``run_wrk``, failing unless the scenario wrote one row per request (or per two)."""
-    before = rows_created(server)
+    """``run_wrk``, failing unless the scenario wrote the rows of ``COUNTS`` per request."""
+    before = settled_rows(server, scenario)
     measured = run_wrk(server, scenario, args, round_no, connections=connections, duration=duration)
-    after = rows_created(server)
-    if scenario in COUNTS:
-        expected = measured["requests"] * COUNTS[scenario][1]
-        written = after[scenario] - before[scenario]
-        # Requests still in flight when wrk stops are written but not counted.
-        if not expected <= written <= expected + (connections or args.connections):
-            raise SystemExit(f"{scenario}: {written} rows for {measured['requests']:.0f} requests")
+    after = settled_rows(server, scenario)
+    for rows, share in COUNTS[scenario].items():
+        expected = measured["requests"] * share
+        written = after[rows] - before[rows]
+        # Requests still in flight when wrk stops are written but not counted; none is a
+        # replay's only allowance.
+        slack = (connections or args.connections) if share else 0
+        if not expected <= written <= expected + slack:
+            raise SystemExit(
+                f"{scenario}: {written} {rows} for {measured['requests']:.0f} requests"
+            )
     return measured
 
 
@@ -352,7 +414,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers")
+    parser.add_argument(
+        "--worker-class",
+        choices=["sync", "gthread"],
+        default="sync",
+        help="gunicorn's worker class",
+    )
+    parser.add_argument("--workers", type=int, help="gunicorn workers (2 sync, 4 gthread)")
+    parser.add_argument("--worker-threads", type=int, help="threads per gthread worker (4)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument(
         "--purge-rows",
@@ -375,7 +444,24 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--sweep-duration", type=int, default=5, help="seconds per scenario, level and round"
     )
     parser.add_argument("--plot", type=Path, help="draw the sweep's throughput into this PNG")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.workers is None:
+        args.workers = 4 if args.worker_class == "gthread" else 2
+    return args
+
+
+def worker_threads(args: argparse.Namespace) -> int:
+    """Threads per gunicorn worker: 1 for sync workers, else ``--worker-threads`` (4)."""
+    if args.worker_class == "sync":
+        return 1
+    return args.worker_threads or 4
+
+
+def workers_text(args: argparse.Namespace) -> str:
+    """``2 gunicorn sync workers``, ``4 gunicorn gthread workers x 4 threads``."""
+    if args.worker_class == "sync":
+        return f"{plural(args.workers, 'gunicorn sync worker')}"
+    return f"{plural(args.workers, 'gunicorn gthread worker')} x {worker_threads(args)} threads"
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -529,9 +615,9 @@ def _scenario_table(rounds: Runs, names: tuple[str, ...]) -> str:
 def requests_section(results: Results, args: argparse.Namespace) -> str:
     return (
         f"{plural(args.rounds, 'round')} x {args.duration} s after a warm-up round, "
-        f"{args.connections} connections, {args.workers} gunicorn sync workers; medians of the "
-        "rounds. Every round checked that `fresh` stored one key per request.\n\n"
-        + _scenario_table(results.rounds, ("bare", "fresh", "replay"))
+        f"{args.connections} connections, {workers_text(args)}; medians of the rounds. Every "
+        "round checked that `fresh` and `naive-fresh` stored one payment and one key per request, "
+        "and that the replays stored none.\n\n" + _scenario_table(results.rounds, REQUEST_SCENARIOS)
     )
 
 
@@ -611,8 +697,8 @@ def during_purge_section(results: Results, args: argparse.Namespace) -> str:
     )
 
 
-def report(results: Results, args: argparse.Namespace, level: int = 2) -> str:
-    """Every table, with a heading each, of Markdown's ``level``."""
+def report(results: Results, args: argparse.Namespace, level: int = 2, suffix: str = "") -> str:
+    """Every table, with a heading each, of Markdown's ``level``; ``suffix`` after its subject."""
     sections = {
         "Requests: idempotent view against the same bare view": requests_section,
         "Webhooks: the inbox against a view that only inserts the row": webhooks_section,
@@ -623,17 +709,17 @@ def report(results: Results, args: argparse.Namespace, level: int = 2) -> str:
     if results.during_purge:
         sections["Requests during a purge"] = during_purge_section
     return "\n\n".join(
-        f"{'#' * level} {heading(title, args.database)}\n\n{section(results, args)}"
+        f"{'#' * level} {heading(title, args.database, suffix)}\n\n{section(results, args)}"
         for title, section in sections.items()
     )
 
 
-def heading(title: str, database: str) -> str:
+def heading(title: str, database: str, suffix: str = "") -> str:
     """``title`` as is on PostgreSQL, else naming the server: ``Requests on MariaDB: ...``."""
-    if database == "postgresql":
-        return title
     subject, colon, rest = title.partition(":")
-    return f"{subject} on {DATABASES[database].title}{colon}{rest}"
+    if database != "postgresql":
+        suffix = f" on {DATABASES[database].title}{suffix}"
+    return f"{subject}{suffix}{colon}{rest}"
 
 
 def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
@@ -655,7 +741,7 @@ def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
     axes.set_xlabel("concurrent connections")
     axes.set_ylabel("requests per second")
     axes.set_title(
-        f"POST a payment: gunicorn, {args.workers} sync workers, "
+        f"POST a payment: {workers_text(args)}, "
         f"{DATABASES[args.database].title}\n"
         f"median of {plural(args.rounds, 'round')} x {args.sweep_duration} s",
         fontsize="medium",
