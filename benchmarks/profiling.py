@@ -8,7 +8,8 @@ fresh, replay, naive-fresh, naive-replay) it prints:
   - the wall time of a request, median of --rounds rounds of --requests requests, alternated;
   - the statements Django sends and the round trips to the server (libpq's own trace: each
     simple query and each Sync of the extended protocol, BEGIN and COMMIT included), and the
-    median time of each statement, from Django's cursor;
+    median time of each statement from Django's cursor, and the server's planning time of it
+    (EXPLAIN SUMMARY, which runs nothing);
 then profiles --requests requests of each but bare with cProfile and prints the time
 spent in each part of the library, per request (cProfile slows Python code down, calls most;
 read the shares, not the milliseconds). --stats DIR keeps the profiles for pstats or snakeviz.
@@ -190,18 +191,19 @@ def round_trips(client: Client, scenario: str) -> tuple[int, int]:
     return len(statements), trips
 
 
-def statement_times(client: Client, scenario: str, requests: int) -> list[tuple[str, float]]:
-    """Each statement of a ``scenario`` request, in order, with its median milliseconds."""
+def statement_times(client: Client, scenario: str, requests: int) -> list[tuple[str, float, float]]:
+    """Each statement of a ``scenario`` request, in order: its start, its median milliseconds
+    from the client, and the median of the server's planning time alone (EXPLAIN SUMMARY)."""
     from django.db import connection  # noqa: PLC0415
 
-    timed: list[tuple[str, float]] = []
+    timed: list[tuple[str, Any, float]] = []
 
-    def time_it(execute: Any, sql: str, *rest: Any) -> Any:
+    def time_it(execute: Any, sql: str, params: Any, *rest: Any) -> Any:
         started = time.perf_counter()
         try:
-            return execute(sql, *rest)
+            return execute(sql, params, *rest)
         finally:
-            timed.append((sql, (time.perf_counter() - started) * 1000))
+            timed.append((sql, params, (time.perf_counter() - started) * 1000))
 
     runs = []
     with connection.execute_wrapper(time_it):
@@ -209,20 +211,40 @@ def statement_times(client: Client, scenario: str, requests: int) -> list[tuple[
             timed.clear()
             client.post(scenario)
             runs.append(list(timed))
-    return [
-        (" ".join(sql.split()[:4]), statistics.median(run[n][1] for run in runs))
-        for n, (sql, _) in enumerate(runs[0])
-    ]
+    statements = []
+    for n, (sql, params, _) in enumerate(runs[0]):
+        statements.append(
+            (
+                " ".join(sql.split()[:3]),
+                statistics.median(run[n][2] for run in runs),
+                planning(sql, params),
+            )
+        )
+    return statements
+
+
+def planning(sql: str, params: Any) -> float:
+    """The server's median planning time of ``sql`` in milliseconds; EXPLAIN runs nothing."""
+    from django.db import connection  # noqa: PLC0415
+
+    times = []
+    with connection.cursor() as cursor:
+        for _ in range(50):
+            cursor.execute(f"EXPLAIN (SUMMARY, FORMAT JSON) {sql}", params)
+            plan = cursor.fetchone()[0]
+            times.append(plan[0]["Planning Time"])
+    return statistics.median(times)
 
 
 def statements_section(client: Client, requests: int) -> str:
     rows = []
     for scenario in PROFILED:
         statements = statement_times(client, scenario, requests)
-        listed = "; ".join(f"`{sql} …` {ms:.2f}" for sql, ms in statements)
-        total = sum(ms for _, ms in statements)
+        listed = "; ".join(f"`{sql} …` {ms:.2f} ({plan:.2f})" for sql, ms, plan in statements)
+        total = sum(ms for _, ms, _ in statements)
         rows.append([f"`{scenario}`", listed, millis(total)])
-    return table(["scenario", "statements in order, median ms each", "together"], rows)
+    header = ["scenario", "statements in order: median ms each (of which planning)", "together"]
+    return table(header, rows)
 
 
 def profile(client: Client, scenario: str, args: argparse.Namespace) -> pstats.Stats:
