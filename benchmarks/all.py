@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import admin, outbox, purge, run
+from benchmarks import admin, outbox, purge, run, tables
 from benchmarks.common import ROOT, drop_database
 from benchmarks.databases import DATABASES
 
@@ -253,7 +253,7 @@ def main() -> None:
         progress("requests, bursts, sweep, requests during a purge")
         requests = in_own_process(run.measure, run_args)
         if run_args.sweep:
-            run.plot(requests, run_args, args.plot)
+            tables.plot(requests, run_args, args.plot)
         if "gthread" in args.worker_classes:
             progress("requests, bursts under gthread workers")
             threaded = in_own_process(run.measure, gthread_args)
@@ -279,22 +279,22 @@ def main() -> None:
         f"# Benchmarks\n\n`{command}`, {today}, {minutes:.1f} min.",
         f"## The machine\n\n{machine(args.databases)}",
         "## Requests: idempotent view against the same bare view\n\n"
-        + run.requests_section(requests, run_args),
+        + tables.requests_section(requests, run_args),
         "## Webhooks: the inbox against a view that only inserts the row\n\n"
-        + run.webhooks_section(requests, run_args),
-        "## A burst of one key\n\n" + run.bursts_section(requests, run_args),
+        + tables.webhooks_section(requests, run_args),
+        "## A burst of one key\n\n" + tables.bursts_section(requests, run_args),
     ]
     if run_args.sweep:
         sections.append(
             "## Throughput against concurrency\n\n"
-            + run.sweep_section(requests, run_args)
+            + tables.sweep_section(requests, run_args)
             + f"\n\n![Throughput against concurrency]({image_link(args.plot)})"
         )
     sections += [
         "## The outbox relay\n\n" + outbox.report(relayed, outbox_args),
         f"## The admin at {args.keys:,} keys\n\n" + admin.report(pages, admin_args),
         "## Purging expired keys\n\n" + purge.report(purged, purge_args),
-        "### Requests during a purge\n\n" + run.during_purge_section(requests, run_args),
+        "### Requests during a purge\n\n" + tables.during_purge_section(requests, run_args),
     ]
     if "gthread" in args.worker_classes:
         sections.append(gthread_section(threaded, gthread_args))
@@ -308,16 +308,16 @@ def mariadb_section(results: run.Results, args: argparse.Namespace) -> str:
     return (
         f"## MariaDB\n\nThe same requests on MariaDB {DATABASES['mariadb'].version()}, right "
         "after those on PostgreSQL, with the same example, gunicorn, wrk and Redis.\n\n"
-        + run.report(results, args, level=3)
+        + tables.report(results, args, level=3)
     )
 
 
 def gthread_section(results: run.Results, args: argparse.Namespace) -> str:
     """run.py's tables from the run under gthread workers, under a heading of their own."""
     return (
-        f"## Threaded workers\n\nThe same requests under {run.workers_text(args)}, right after "
+        f"## Threaded workers\n\nThe same requests under {tables.workers_text(args)}, right after "
         "those under sync workers, on the same PostgreSQL, wrk and Redis.\n\n"
-        + run.report(results, args, level=3, suffix=" under gthread workers")
+        + tables.report(results, args, level=3, suffix=" under gthread workers")
     )
 
 
