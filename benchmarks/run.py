@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Measure what idempotency costs: the example app under gunicorn on PostgreSQL, driven by wrk.
 
-Scenarios, alternated round by round so that every ratio comes from one run:
+Scenarios, alternated round by round (each round starting one scenario later) so that every
+ratio comes from one run:
   bare    POST to the payment view without IdempotentMixin
   fresh   POST to the idempotent payment view, a new key each time
   replay  POST to the idempotent payment view, always the same key (every answer a replay)
@@ -441,8 +442,11 @@ def measure(args: argparse.Namespace) -> Results:
         raise SystemExit("--purge-rows fills the table in PostgreSQL's SQL: PostgreSQL only")
     with serve(args) as server:
         rounds: Runs = {name: [] for name in SCENARIOS}
+        names = list(SCENARIOS)
         for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
-            for scenario in SCENARIOS:
+            # Each round starts one scenario later: none always follows the same one (the
+            # webhooks' writes, say), nor always runs first.
+            for scenario in names[round_no % len(names) :] + names[: round_no % len(names)]:
                 measured = checked_run(server, scenario, args, round_no)
                 if round_no:
                     rounds[scenario].append(measured)
