@@ -3,13 +3,16 @@
 
 Runs these one after the other, each in a process of its own:
   run.py     the example under gunicorn on PostgreSQL, driven by wrk: fresh and replay against
-             a bare view, the inbox against a bare webhook view, bursts of one key, bare, fresh
+             a bare view, beside a naive idempotent view's (the floor), the inbox against a bare
+             webhook view, bursts of one key, bare, fresh
              and replay at each number of connections of --sweep (plotted into --plot), and
              fresh POSTs alone and during a purge of --keys expired keys
   purge.py   purge_expired() against one unbatched DELETE of --keys expired keys
   admin.py   the admin's pages at --keys keys
   outbox.py  the outbox relay's throughput
-and, with --databases postgresql mariadb, run.py's requests, webhooks and bursts on MariaDB too,
+then run.py's requests, webhooks and bursts once more under gunicorn's gthread workers (4 x 4
+threads; --worker-classes sync leaves them out), and, with --databases postgresql mariadb, on
+MariaDB too,
 then prints the machine, the command and every table in Markdown, headed as in
 docs/benchmarks.md. Progress goes to stderr, so `... > results.md` keeps the tables alone. Each
 part drops its database when it is done.
@@ -40,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import admin, outbox, purge, run
+from benchmarks import admin, outbox, purge, run, tables
 from benchmarks.common import ROOT, drop_database
 from benchmarks.databases import DATABASES
 
@@ -86,6 +89,15 @@ def parse_arguments() -> argparse.Namespace:
     requests.add_argument("--connections", type=int, help="wrk connections (8)")
     requests.add_argument("--threads", type=int, help="wrk threads (2)")
     requests.add_argument("--workers", type=int, help="gunicorn sync workers (2)")
+    requests.add_argument(
+        "--worker-classes",
+        nargs="+",
+        choices=["sync", "gthread"],
+        default=["sync", "gthread"],
+        metavar="C",
+        help="gunicorn worker classes: sync (every request part), and gthread (requests, "
+        "webhooks and bursts, 4 workers x 4 threads) beside it (sync gthread)",
+    )
     requests.add_argument("--port", type=int, help="gunicorn's port on 127.0.0.1 (8765)")
     requests.add_argument("--burst", type=int, help="same-key requests sent at once (64)")
     requests.add_argument(
@@ -113,6 +125,8 @@ def parse_arguments() -> argparse.Namespace:
     args = parser.parse_args()
     if "postgresql" not in args.databases:
         parser.error("every part runs on PostgreSQL: --databases adds MariaDB beside it")
+    if "sync" not in args.worker_classes:
+        parser.error("every request part runs on sync workers: --worker-classes adds gthread")
     for name, value in (QUICK if args.quick else FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -218,10 +232,20 @@ def main() -> None:
     mariadb_args = argparse.Namespace(
         **{**vars(run_args), "database": "mariadb", "sweep": [], "plot": None, "purge_rows": 0}
     )
-    load = run_args.duration * (run_args.rounds * 7 + 5)
+    # The requests under gthread workers: the same rounds and bursts, on PostgreSQL.
+    gthread_args = argparse.Namespace(
+        **{
+            **vars(mariadb_args),
+            "database": "postgresql",
+            "worker_class": "gthread",
+            "workers": 4,
+            "worker_threads": 4,
+        }
+    )
+    rounds_load = run_args.duration * (run_args.rounds + 1) * len(run.SCENARIOS)
+    load = rounds_load + run_args.duration * run_args.rounds * 2
     load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
-    if "mariadb" in args.databases:
-        load += mariadb_args.duration * (mariadb_args.rounds + 1) * len(run.SCENARIOS)
+    load += rounds_load * (len(args.databases) - 1 + len(args.worker_classes) - 1)
     progress(f"wrk alone will run for {load / 60:.1f} min; the fills and the other parts add more")
 
     started = time.monotonic()
@@ -229,7 +253,10 @@ def main() -> None:
         progress("requests, bursts, sweep, requests during a purge")
         requests = in_own_process(run.measure, run_args)
         if run_args.sweep:
-            run.plot(requests, run_args, args.plot)
+            tables.plot(requests, run_args, args.plot)
+        if "gthread" in args.worker_classes:
+            progress("requests, bursts under gthread workers")
+            threaded = in_own_process(run.measure, gthread_args)
         if "mariadb" in args.databases:
             progress("requests, bursts on MariaDB")
             on_mariadb = in_own_process(run.measure, mariadb_args)
@@ -252,23 +279,25 @@ def main() -> None:
         f"# Benchmarks\n\n`{command}`, {today}, {minutes:.1f} min.",
         f"## The machine\n\n{machine(args.databases)}",
         "## Requests: idempotent view against the same bare view\n\n"
-        + run.requests_section(requests, run_args),
+        + tables.requests_section(requests, run_args),
         "## Webhooks: the inbox against a view that only inserts the row\n\n"
-        + run.webhooks_section(requests, run_args),
-        "## A burst of one key\n\n" + run.bursts_section(requests, run_args),
+        + tables.webhooks_section(requests, run_args),
+        "## A burst of one key\n\n" + tables.bursts_section(requests, run_args),
     ]
     if run_args.sweep:
         sections.append(
             "## Throughput against concurrency\n\n"
-            + run.sweep_section(requests, run_args)
+            + tables.sweep_section(requests, run_args)
             + f"\n\n![Throughput against concurrency]({image_link(args.plot)})"
         )
     sections += [
         "## The outbox relay\n\n" + outbox.report(relayed, outbox_args),
         f"## The admin at {args.keys:,} keys\n\n" + admin.report(pages, admin_args),
         "## Purging expired keys\n\n" + purge.report(purged, purge_args),
-        "### Requests during a purge\n\n" + run.during_purge_section(requests, run_args),
+        "### Requests during a purge\n\n" + tables.during_purge_section(requests, run_args),
     ]
+    if "gthread" in args.worker_classes:
+        sections.append(gthread_section(threaded, gthread_args))
     if "mariadb" in args.databases:
         sections.append(mariadb_section(on_mariadb, mariadb_args))
     print("\n\n".join(sections))
@@ -279,7 +308,16 @@ def mariadb_section(results: run.Results, args: argparse.Namespace) -> str:
     return (
         f"## MariaDB\n\nThe same requests on MariaDB {DATABASES['mariadb'].version()}, right "
         "after those on PostgreSQL, with the same example, gunicorn, wrk and Redis.\n\n"
-        + run.report(results, args, level=3)
+        + tables.report(results, args, level=3)
+    )
+
+
+def gthread_section(results: run.Results, args: argparse.Namespace) -> str:
+    """run.py's tables from the run under gthread workers, under a heading of their own."""
+    return (
+        f"## Threaded workers\n\nThe same requests under {tables.workers_text(args)}, right after "
+        "those under sync workers, on the same PostgreSQL, wrk and Redis.\n\n"
+        + tables.report(results, args, level=3, suffix=" under gthread workers")
     )
 
 

@@ -17,6 +17,12 @@ from benchmarks.common import drop_database, dsn, recreate_database
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+# The table of the naive idempotent view (naive.py); "key" is a reserved word on MariaDB.
+NAIVE_TABLE = "bench_naive_key"
+NAIVE_COLUMNS = (
+    "idempotency_key varchar(255) NOT NULL UNIQUE, fingerprint char(64) NOT NULL, status smallint"
+)
+
 
 class Database(Protocol):
     """A server: its benchmark databases, their URLs for DATABASE_URL, connections to them."""
@@ -25,6 +31,8 @@ class Database(Protocol):
     title: str  # as the tables say it
     # The table that the view the inbox is measured against inserts into.
     bare_table: str
+    # The table of the naive idempotent view that the library is measured against.
+    naive_table: str
 
     def url(self, database: str) -> str: ...
     def recreate(self, database: str) -> None: ...
@@ -38,6 +46,9 @@ class PostgreSQL:
     title = "PostgreSQL"
     bare_table = (
         "CREATE TABLE bench_bare_event (id bigserial PRIMARY KEY, event_id text, payload jsonb)"
+    )
+    naive_table = (
+        f"CREATE TABLE {NAIVE_TABLE} (id bigserial PRIMARY KEY, {NAIVE_COLUMNS}, body bytea)"
     )
 
     def url(self, database: str) -> str:
@@ -70,6 +81,10 @@ class MariaDB:
     bare_table = (
         "CREATE TABLE bench_bare_event "
         "(id bigint AUTO_INCREMENT PRIMARY KEY, event_id longtext, payload json)"
+    )
+    naive_table = (
+        f"CREATE TABLE {NAIVE_TABLE} "
+        f"(id bigint AUTO_INCREMENT PRIMARY KEY, {NAIVE_COLUMNS}, body longblob)"
     )
 
     def _server(self) -> dict[str, Any]:

@@ -1,20 +1,25 @@
 #!/usr/bin/env python
 """Measure what idempotency costs: the example app under gunicorn on PostgreSQL, driven by wrk.
 
-Scenarios, alternated round by round so that every ratio comes from one run:
+Scenarios, alternated round by round (each round starting one scenario later) so that every
+ratio comes from one run:
   bare    POST to the payment view without IdempotentMixin
   fresh   POST to the idempotent payment view, a new key each time
   replay  POST to the idempotent payment view, always the same key (every answer a replay)
+  naive-fresh, naive-replay  the same against a deliberately naive idempotent view (naive.py):
+          the floor, two statements and nothing else
   bare-webhook  signed webhooks to a view that only inserts the body into a table
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
+Every run checks its effects: one payment and one key per fresh request, none per replay.
 Then, once a round, a burst of 64 POSTs with one key sent at once: the effects in the database,
 the answers, and the time to the last answer.
 With --sweep 1 2 4 ..., bare, fresh and replay again at each of those numbers of connections,
 alternated the same way, for a plot of throughput against concurrency (--plot PATH draws it).
 With --purge-rows N, fresh POSTs alone and while a throttled purge deletes N expired keys.
 
-With --database mariadb, all of it but the purge on MariaDB instead.
+With --database mariadb, all of it but the purge on MariaDB instead. With --worker-class
+gthread, gunicorn runs threaded workers (4 workers x 4 threads by default) instead of sync ones.
 
 Prints Markdown tables. Needs wrk (Debian package "wrk"), a PostgreSQL server
 (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) or a MariaDB server (MARIADB_HOST,
@@ -36,7 +41,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,8 +53,8 @@ from typing import TYPE_CHECKING, Any
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import ROOT, millis, plural, ratio, table
-from benchmarks.databases import DATABASES, scalar
+from benchmarks.common import ROOT
+from benchmarks.databases import DATABASES, NAIVE_TABLE, scalar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -84,25 +88,14 @@ SCENARIOS = {
     "bare": {"path": "/bench/bare/payments/", "key": "none"},
     "fresh": {"path": "/api/payments/", "key": ""},
     "replay": {"path": "/api/payments/", "key": "the-one-key"},
+    "naive-fresh": {"path": "/bench/naive/payments/", "key": ""},
+    "naive-replay": {"path": "/bench/naive/payments/", "key": "the-one-key"},
     "bare-webhook": {"path": "/bench/bare/webhooks/"},
     "inbox": {"path": "/webhooks/provider/"},
 }
 WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
-
-# How the tables and the plot name the scenarios.
-LABELS = {
-    "bare": "`bare`",
-    "fresh": "`fresh` (new key each time)",
-    "replay": "`replay` (same key each time)",
-    "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
-    "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
-}
-PLOT_LABELS = {
-    "bare": "bare view (no idempotency)",
-    "fresh": "idempotent, a new key each time",
-    "replay": "idempotent, replays (same key)",
-}
+REQUEST_SCENARIOS = ("bare", "fresh", "replay", "naive-fresh", "naive-replay")
 
 # Webhooks need a signature per event, which wrk cannot compute: each round's script carries
 # events signed beforehand, and each thread sends each of its events twice.
@@ -172,6 +165,7 @@ def prepare_database(env: dict[str, str], database: str) -> None:
     manage(env, "migrate", "--verbosity", "0")
     with server.connect(DATABASE) as connection, connection.cursor() as cursor:
         cursor.execute(server.bare_table)
+        cursor.execute(server.naive_table)
     import redis  # noqa: PLC0415
 
     redis.Redis(db=13).flushdb()
@@ -210,13 +204,16 @@ def serve(args: argparse.Namespace) -> Iterator[Server]:
         prepare_database(env, args.database)
         gunicorn = [
             sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
+            "--worker-class", args.worker_class, "--threads", str(worker_threads(args)),
             "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
         ]  # fmt: skip
         process = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
         try:
             base = f"http://127.0.0.1:{args.port}"
             wait_until_up(base + "/api/payments/")
-            yield Server(base, env, args.database)
+            server = Server(base, env, args.database)
+            seed_replays(server)
+            yield server
         finally:
             process.terminate()
             process.wait(timeout=30)
@@ -298,17 +295,62 @@ def run_wrk(
     }
 
 
-# What each scenario must have written: proof that the load was what it says it is.
-COUNTS = {
-    "fresh": ("SELECT count(*) FROM django_idempotency_idempotencykey", 1.0),
-    "bare-webhook": ("SELECT count(*) FROM bench_bare_event", 1.0),
-    "inbox": ("SELECT count(*) FROM django_idempotency_inboxevent", 0.5),
+# What each scenario must have written, in rows per request: proof that the load was what it
+# says it is. A replay writes no row at all.
+TABLES = {
+    "payments": "payments_payment",
+    "keys": "django_idempotency_idempotencykey",
+    "naive keys": NAIVE_TABLE,
+    "events": "bench_bare_event",
+    "inbox events": "django_idempotency_inboxevent",
+}
+COUNTS: dict[str, dict[str, float]] = {
+    "bare": {"payments": 1.0, "keys": 0.0, "naive keys": 0.0},
+    "fresh": {"payments": 1.0, "keys": 1.0},
+    "replay": {"payments": 0.0, "keys": 0.0},
+    "naive-fresh": {"payments": 1.0, "naive keys": 1.0},
+    "naive-replay": {"payments": 0.0, "naive keys": 0.0},
+    "bare-webhook": {"events": 1.0},
+    "inbox": {"inbox events": 0.5},
 }
 
 
-def rows_created(server: Server) -> dict[str, int]:
+def rows_created(server: Server, scenario: str) -> dict[str, int]:
     with DATABASES[server.database].connect(DATABASE) as connection:
-        return {name: scalar(connection, sql) for name, (sql, _share) in COUNTS.items()}
+        return {
+            name: scalar(connection, f"SELECT count(*) FROM {TABLES[name]}")
+            for name in COUNTS[scenario]
+        }
+
+
+def settled_rows(server: Server, scenario: str) -> dict[str, int]:
+    """``rows_created`` once the requests that wrk left in flight have written theirs."""
+    rows = rows_created(server, scenario)
+    while True:
+        time.sleep(0.1)
+        again = rows_created(server, scenario)
+        if again == rows:
+            return rows
+        rows = again
+
+
+def seed_replays(server: Server) -> None:
+    """Store the one key of each replay scenario, so that every request they send is a replay."""
+    for scenario in ("replay", "naive-replay"):
+        spec = SCENARIOS[scenario]
+        request = urllib.request.Request(  # noqa: S310 - loopback only
+            server.base + spec["path"],
+            data=BODY.encode(),
+            method="POST",
+            headers={
+                "Content-Type": "application/json",
+                "Authorization": AUTH,
+                "Idempotency-Key": spec["key"],
+            },
+        )
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+            if response.status != 201:  # pragma: no cover - urlopen raises for 4xx and 5xx
+                raise SystemExit(f"{scenario}: seeding its key answered {response.status}")
 
 
 def checked_run(
@@ -320,27 +362,26 @@ def checked_run(
     connections: int | None = None,
     duration: int | None = None,
 ) -> Measure:
-    """``run_wrk``, failing unless the scenario wrote one row per request (or per two)."""
-    before = rows_created(server)
+    """``run_wrk``, failing unless the scenario wrote the rows of ``COUNTS`` per request."""
+    before = settled_rows(server, scenario)
     measured = run_wrk(server, scenario, args, round_no, connections=connections, duration=duration)
-    after = rows_created(server)
-    if scenario in COUNTS:
-        expected = measured["requests"] * COUNTS[scenario][1]
-        written = after[scenario] - before[scenario]
-        # Requests still in flight when wrk stops are written but not counted.
-        if not expected <= written <= expected + (connections or args.connections):
-            raise SystemExit(f"{scenario}: {written} rows for {measured['requests']:.0f} requests")
+    after = settled_rows(server, scenario)
+    for rows, share in COUNTS[scenario].items():
+        expected = measured["requests"] * share
+        written = after[rows] - before[rows]
+        # Requests still in flight when wrk stops are written but not counted; none is a
+        # replay's only allowance.
+        slack = (connections or args.connections) if share else 0
+        if not expected <= written <= expected + slack:
+            raise SystemExit(
+                f"{scenario}: {written} {rows} for {measured['requests']:.0f} requests"
+            )
     return measured
 
 
 def _millis(text: str) -> float:
     number, unit = re.fullmatch(r"([\d.]+)(us|ms|s)", text).groups()  # type: ignore[union-attr]
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
-
-
-def median(runs: list[Measure]) -> Measure:
-    """The median of each figure over ``runs``."""
-    return {metric: statistics.median(run[metric] for run in runs) for metric in runs[0]}
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -352,7 +393,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers")
+    parser.add_argument(
+        "--worker-class",
+        choices=["sync", "gthread"],
+        default="sync",
+        help="gunicorn's worker class",
+    )
+    parser.add_argument("--workers", type=int, help="gunicorn workers (2 sync, 4 gthread)")
+    parser.add_argument("--worker-threads", type=int, help="threads per gthread worker (4)")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument(
         "--purge-rows",
@@ -375,7 +423,17 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--sweep-duration", type=int, default=5, help="seconds per scenario, level and round"
     )
     parser.add_argument("--plot", type=Path, help="draw the sweep's throughput into this PNG")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.workers is None:
+        args.workers = 4 if args.worker_class == "gthread" else 2
+    return args
+
+
+def worker_threads(args: argparse.Namespace) -> int:
+    """Threads per gunicorn worker: 1 for sync workers, else ``--worker-threads`` (4)."""
+    if args.worker_class == "sync":
+        return 1
+    return args.worker_threads or 4
 
 
 def measure(args: argparse.Namespace) -> Results:
@@ -384,8 +442,11 @@ def measure(args: argparse.Namespace) -> Results:
         raise SystemExit("--purge-rows fills the table in PostgreSQL's SQL: PostgreSQL only")
     with serve(args) as server:
         rounds: Runs = {name: [] for name in SCENARIOS}
+        names = list(SCENARIOS)
         for round_no in range(args.rounds + 1):  # round 0 warms up and is not counted
-            for scenario in SCENARIOS:
+            # Each round starts one scenario later: none always follows the same one (the
+            # webhooks' writes, say), nor always runs first.
+            for scenario in names[round_no % len(names) :] + names[: round_no % len(names)]:
                 measured = checked_run(server, scenario, args, round_no)
                 if round_no:
                     rounds[scenario].append(measured)
@@ -506,176 +567,16 @@ def check_bursts(bursts: list[dict[str, Any]]) -> None:
         raise SystemExit(f"a burst got a 5xx answer: {bursts}")
 
 
-def _scenario_table(rounds: Runs, names: tuple[str, ...]) -> str:
-    """Median req/s, p50 and p99 of ``names``, each also as a ratio of the first."""
-    medians = {name: median(rounds[name]) for name in names}
-    bare = medians[names[0]]
-    header = ["scenario", "req/s", "req/s vs bare", "p50", "p50 vs bare", "p99", "p99 vs bare"]
-    rows = [
-        [
-            LABELS[name],
-            f"{row['rps']:,.0f}",
-            ratio(row["rps"] / bare["rps"], bold=name != names[0]),
-            millis(row["p50"]),
-            ratio(row["p50"] / bare["p50"], bold=name != names[0]),
-            millis(row["p99"]),
-            ratio(row["p99"] / bare["p99"], bold=name != names[0]),
-        ]
-        for name, row in medians.items()
-    ]
-    return table(header, rows)
-
-
-def requests_section(results: Results, args: argparse.Namespace) -> str:
-    return (
-        f"{plural(args.rounds, 'round')} x {args.duration} s after a warm-up round, "
-        f"{args.connections} connections, {args.workers} gunicorn sync workers; medians of the "
-        "rounds. Every round checked that `fresh` stored one key per request.\n\n"
-        + _scenario_table(results.rounds, ("bare", "fresh", "replay"))
-    )
-
-
-def webhooks_section(results: Results, args: argparse.Namespace) -> str:
-    return (
-        "Signed `refund.succeeded` events, each delivered twice (50% duplicates), in the same "
-        "rounds; every round checked that the inbox recorded one event per two requests.\n\n"
-        + _scenario_table(results.rounds, WEBHOOK_SCENARIOS)
-    )
-
-
-def bursts_section(results: Results, args: argparse.Namespace) -> str:
-    rows = []
-    for number, result in enumerate(results.bursts, 1):
-        counts = result["answers"].most_common()
-        answers = ", ".join(f"{n} × `{answer}`" for answer, n in counts)  # noqa: RUF001
-        payments = "payment" if result["effects"] == 1 else "payments"
-        rows.append(
-            [
-                str(number),
-                f"**{result['effects']}** {payments}",
-                answers,
-                f"{result['seconds']:.2f} s",
-            ]
-        )
-    return (
-        f"{args.burst} identical `POST`s with one key at the same instant, once a round:\n\n"
-        + table(["run", "effects", "answers", "time to the last answer"], rows)
-    )
-
-
-def sweep_section(results: Results, args: argparse.Namespace) -> str:
-    medians = {
-        scenario: {level: median(runs) for level, runs in by_level.items()}
-        for scenario, by_level in results.sweep.items()
-    }
-    header = ["connections"]
-    header += [f"`{scenario}` req/s" for scenario in SWEEP_SCENARIOS]
-    header += [f"`{scenario}` vs `bare`" for scenario in SWEEP_SCENARIOS[1:]]
-    rows = []
-    for level in args.sweep:
-        bare = medians["bare"][level]["rps"]
-        row = [str(level)]
-        row += [f"{medians[scenario][level]['rps']:,.0f}" for scenario in SWEEP_SCENARIOS]
-        row += [
-            ratio(medians[scenario][level]["rps"] / bare, bold=False)
-            for scenario in SWEEP_SCENARIOS[1:]
-        ]
-        rows.append(row)
-    return (
-        f"`bare`, `fresh` and `replay` at each number of connections, "
-        f"{plural(args.rounds, 'round')} x {args.sweep_duration} s alternated, medians:\n\n"
-        + table(header, rows)
-    )
-
-
-def during_purge_section(results: Results, args: argparse.Namespace) -> str:
-    medians = {name: median(runs) for name, runs in results.during_purge.items()}
-    alone = medians["alone"]
-    rows = [
-        [
-            name,
-            f"{row['rps']:,.0f}",
-            millis(row["p50"]),
-            millis(row["p99"]),
-            ratio(row["p99"] / alone["p99"], bold=name != "alone"),
-        ]
-        for name, row in medians.items()
-    ]
-    seconds = ", ".join(f"{purge['seconds']:.1f}" for purge in results.purges)
-    longest = ", ".join(f"{purge['longest_batch'] * 1000:,.0f}" for purge in results.purges)
-    return (
-        f"Fresh idempotent `POST`s, alone and while a purge throttled with `pause=0.05` deletes "
-        f"{args.purge_rows:,} expired keys from the same table, {plural(args.rounds, 'round')} x "
-        f"{args.duration} s alternated, medians. The purge took {seconds} s, its longest batch "
-        f"{longest} ms.\n\n" + table(["", "req/s", "p50", "p99", "p99 vs alone"], rows)
-    )
-
-
-def report(results: Results, args: argparse.Namespace, level: int = 2) -> str:
-    """Every table, with a heading each, of Markdown's ``level``."""
-    sections = {
-        "Requests: idempotent view against the same bare view": requests_section,
-        "Webhooks: the inbox against a view that only inserts the row": webhooks_section,
-        "A burst of one key": bursts_section,
-    }
-    if results.sweep:
-        sections["Throughput against concurrency"] = sweep_section
-    if results.during_purge:
-        sections["Requests during a purge"] = during_purge_section
-    return "\n\n".join(
-        f"{'#' * level} {heading(title, args.database)}\n\n{section(results, args)}"
-        for title, section in sections.items()
-    )
-
-
-def heading(title: str, database: str) -> str:
-    """``title`` as is on PostgreSQL, else naming the server: ``Requests on MariaDB: ...``."""
-    if database == "postgresql":
-        return title
-    subject, colon, rest = title.partition(":")
-    return f"{subject} on {DATABASES[database].title}{colon}{rest}"
-
-
-def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
-    """Draw the sweep's median requests per second against connections into the PNG ``path``."""
-    import matplotlib  # noqa: PLC0415 - only the plot needs it
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
-    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for scenario in SWEEP_SCENARIOS:
-        levels = sorted(results.sweep[scenario])
-        rates = [median(results.sweep[scenario][level])["rps"] for level in levels]
-        axes.plot(levels, rates, marker="o", label=PLOT_LABELS[scenario])
-    axes.set_xscale("log", base=2)
-    axes.set_xticks(args.sweep, [str(level) for level in args.sweep])
-    axes.minorticks_off()
-    axes.set_ylim(bottom=0)
-    axes.set_xlabel("concurrent connections")
-    axes.set_ylabel("requests per second")
-    axes.set_title(
-        f"POST a payment: gunicorn, {args.workers} sync workers, "
-        f"{DATABASES[args.database].title}\n"
-        f"median of {plural(args.rounds, 'round')} x {args.sweep_duration} s",
-        fontsize="medium",
-    )
-    axes.grid(alpha=0.3)
-    axes.legend()
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
-
-
 def main() -> None:
     args = parse_arguments()
     if args.plot and not args.sweep:
         raise SystemExit("--plot draws the sweep: give --sweep too")
+    from benchmarks import tables  # noqa: PLC0415 - it imports this module
+
     results = measure(args)
-    print(report(results, args))
+    print(tables.report(results, args))
     if args.plot:
-        plot(results, args, args.plot)
+        tables.plot(results, args, args.plot)
         print(f"\nThe plot is in {args.plot}.")
 
 

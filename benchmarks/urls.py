@@ -1,4 +1,4 @@
-"""The example's URLs, plus the payment view without IdempotentMixin for comparison."""
+"""The example's URLs, plus the payment view without IdempotentMixin and made idempotent naively."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics
 
+from benchmarks.naive import NaivePaymentList
 from example_project.urls import urlpatterns as example_urlpatterns
 from payments import provider
 from payments.views import PaymentList
@@ -45,4 +46,5 @@ urlpatterns = [
     *example_urlpatterns,
     path("bench/bare/payments/", BarePaymentList.as_view()),
     path("bench/bare/webhooks/", bare_webhook),
+    path("bench/naive/payments/", NaivePaymentList.as_view()),
 ]
