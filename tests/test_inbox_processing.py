@@ -294,6 +294,30 @@ def test_fifty_concurrent_deliveries_of_one_event_record_it_once_and_process_it_
 
 
 @pytest.mark.server_db
+def test_a_duplicate_delivery_being_recorded_does_not_make_processing_step_aside(lost_triggers):
+    # MariaDB's insert locks the row a duplicate finds, for as long as its transaction lasts.
+    payload = refund_event()
+    pk = receive("tests", payload["id"], "refund.succeeded", payload).event.pk
+    locked, done = threading.Event(), threading.Event()
+
+    def duplicate():
+        try:
+            with transaction.atomic():
+                receive("tests", payload["id"], "refund.succeeded", payload)
+                locked.set()
+                time.sleep(0.3)
+        finally:
+            done.set()
+            connection.close()
+
+    threading.Thread(target=duplicate).start()
+    assert locked.wait(5)
+    assert process(pk) is Outcome.PROCESSED
+    assert done.wait(5)
+    assert Refund.objects.count() == 1
+
+
+@pytest.mark.server_db
 def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_triggers):
     pk = receive("tests", "evt_1", "refund.succeeded", refund_event(sleep_first=0.5)).event.pk
 

@@ -23,7 +23,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 
 from django_idempotency import _celery, signals
@@ -114,12 +114,16 @@ def process(
 def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
     max_attempts = idempotency_settings.INBOX_MAX_ATTEMPTS
     with transaction.atomic(using=using):
+        events = InboxEvent.objects.using(using)
         event = (
-            InboxEvent.objects.using(using)
-            .select_for_update(skip_locked=True)
+            events.select_for_update(skip_locked=True)
             .filter(pk=pk, status__in=(Status.RECEIVED, Status.FAILED, Status.PROCESSING))
             .first()
         )
+        if event is None and _duplicates_lock(using):
+            # A locked event that no attempt has started is no live attempt to step aside for:
+            # a duplicate delivery holds it for a moment.
+            event = events.select_for_update().filter(pk=pk, status=Status.RECEIVED).first()
         if event is None:
             return Outcome.SKIPPED
         if event.attempts >= max_attempts:
@@ -151,7 +155,10 @@ def _attempt(event: InboxEvent, using: str) -> Outcome:
     with transaction.atomic(using=using):
         mine = (
             InboxEvent.objects.using(using)
-            .select_for_update(skip_locked=True)
+            # The lock is this attempt's sign of life. Where duplicate deliveries lock the row
+            # for a moment, wait instead of skipping: a worker that took the event over has
+            # counted another attempt, and the filter then finds nothing.
+            .select_for_update(skip_locked=not _duplicates_lock(using))
             .filter(pk=event.pk, status=Status.PROCESSING, attempts=event.attempts)
         )
         if not mine.exists():
@@ -190,6 +197,14 @@ def _attempt(event: InboxEvent, using: str) -> Outcome:
         )
         _report(event, outcome, error, using, time.monotonic() - started)
     return outcome
+
+
+def _duplicates_lock(using: str) -> bool:
+    """Whether a duplicate delivery locks the event's row while it is recorded (see receiving).
+
+    MariaDB's insert locks the row it finds; PostgreSQL's ON CONFLICT DO NOTHING does not.
+    """
+    return connections[using].vendor == "mysql"
 
 
 def _no_handlers(source: str) -> str:
