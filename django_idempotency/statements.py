@@ -227,15 +227,12 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
     response = ", ".join(c(name) for name in RESPONSE)
     # MariaDB assigns from left to right, each assignment seeing the ones before it: the
     # attempts must be counted before the state is reset.
-    renewed = [
-        name for name in INSERTED if name not in {"scope", "key", "lease_version", "attempts"}
-    ]
     take_over = (
         f"UPDATE {t} SET {c('lease_version')} = {c('lease_version')} + 1, "  # noqa: S608
         f"{c('attempts')} = CASE WHEN {c('state')} = 'succeeded' THEN 1 "
         f"ELSE {c('attempts')} + 1 END, "
         + ", ".join(
-            [*(f"{c(name)} = %s" for name in renewed), *(f"{c(name)} = NULL" for name in RESET)]
+            [*(f"{c(name)} = %s" for name in RENEWED), *(f"{c(name)} = NULL" for name in RESET)]
         )
         + f" WHERE {c('id')} = %s"
     )
