@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.store import KeyStore, again_after_deadlocks
+from django_idempotency.store import KeyStore, again_after_deadlocks, placeholders
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -231,7 +231,7 @@ def _purge_batches(
             cursor.execute(pick if picked else delete, [status, cutoff, batch_size])
             count = int(cursor.rowcount)
             if picked and (ids := [row[0] for row in cursor.fetchall()]):
-                marks = ", ".join(["%s"] * len(ids))
+                marks = placeholders(ids)
                 cursor.execute(f"DELETE FROM {table} WHERE {pk} IN ({marks})", ids)  # noqa: S608
             return count
 

@@ -331,7 +331,7 @@ class KeyStore:
         only, params = "", [self._prep("locked_until", now)]
         if ids is not None:
             column = self.connection.ops.quote_name(key_field("id").column)
-            only = f" AND {column} IN ({_placeholders(ids) or 'NULL'})"
+            only = f" AND {column} IN ({placeholders(ids) or 'NULL'})"
             params += ids
         return self.sql.release_expired.format(only=only), [*params, limit]
 
@@ -482,9 +482,10 @@ class MariaDBKeyStore(KeyStore):
         """Run ``template`` on the ids the cursor's pick locked; return how many there were."""
         picked = [row[0] for row in cursor.fetchall()]
         if picked:
-            cursor.execute(template.format(ids=_placeholders(picked)), picked)
+            cursor.execute(template.format(ids=placeholders(picked)), picked)
         return len(picked)
 
 
-def _placeholders(values: Sequence[Any]) -> str:
+def placeholders(values: Sequence[Any]) -> str:
+    """One ``%s`` per value, comma-separated, for an ``IN (…)`` list."""
     return ", ".join(["%s"] * len(values))
