@@ -320,7 +320,7 @@ def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
             events.using(using)
             .select_for_update(skip_locked=True)
             .exclude(status__in=(Status.PROCESSED, Status.DEAD))
-            .values_list("pk", "source", "event_id", "status")
+            .values_list("pk", "source", "event_id", "status", "headers")
         )
         pks = [row[0] for row in rows]
         InboxEvent.objects.using(using).filter(pk__in=pks).update(
@@ -338,7 +338,7 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
         rows = list(
             events.using(using)
             .select_for_update(skip_locked=True)
-            .values_list("pk", "source", "event_id", "status")
+            .values_list("pk", "source", "event_id", "status", "headers")
         )
         pks = [row[0] for row in rows]
         changes: dict[str, Any] = {"next_attempt_at": now + DISPATCH_GRACE}
@@ -351,11 +351,11 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     return pks
 
 
-def _log_changes(rows: list[tuple[int, str, str, str]], to_state: Status) -> None:
+def _log_changes(rows: list[tuple[int, str, str, str, dict[str, str]]], to_state: Status) -> None:
     """Log the state change of each event that a person's action changed."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    for _pk, source, event_id, from_state in rows:
+    for _pk, source, event_id, from_state, headers in rows:
         logger.info(
             "inbox event %s from %s is now %s",
             event_id,
@@ -365,6 +365,7 @@ def _log_changes(rows: list[tuple[int, str, str, str]], to_state: Status) -> Non
                 "idempotency_source": source,
                 "idempotency_event_id": event_id,
                 "idempotency_outcome": to_state.value,
+                correlation.LOG_FIELD: correlation.from_headers(headers),
                 **state_change(from_state, to_state),
             },
         )
