@@ -63,8 +63,9 @@ def from_headers(headers: Mapping[str, Any] | None) -> str | None:
     lowered = None
     for name in (HEADER, FALLBACK_HEADER):
         value = headers.get(name)
-        if value is None:
-            # A stored dict keeps the sender's spelling of the name.
+        if value is None and isinstance(headers, dict):
+            # A stored dict keeps the sender's spelling of the name; a request's headers need
+            # no such search.
             if lowered is None:
                 lowered = {str(key).lower(): item for key, item in headers.items()}
             value = lowered.get(name.lower())
