@@ -25,6 +25,7 @@ from django_idempotency.inbox.processing import process
 from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish
 from django_idempotency.outbox import relaying as outbox_relay
+from django_idempotency.outcomes import _problem_code
 from tests.factories import InboxEventFactory
 from tests.test_outbox import server, to_inbox  # noqa: F401 - fixtures
 from tests.testapp import urls as testapp_urls
@@ -278,3 +279,38 @@ def test_an_event_processed_later_runs_its_handler_with_its_id(stamped):
     (done,) = [r for r in stamped.records if r.getMessage().startswith("processed inbox event")]
     assert done.correlation_id == "later-1"
     assert get_correlation_id() is None
+
+
+def test_a_streamed_answer_is_not_read_for_a_problem_code(client_alice, key, caplog):
+    caplog.set_level(logging.INFO, logger="django_idempotency")
+    response = client_alice.send("POST", "/streaming/", {}, key=key)
+
+    assert b"".join(response.streaming_content) == b"chunk-1,chunk-2"
+    (record,) = decisions(caplog)
+    assert record.idempotency_problem is None
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b'{"code": "validation.invalid"}', "validation.invalid"),
+        (b'{"code": 42}', None),
+        (b"[1, 2]", None),
+        (b"not json", None),
+        (b'{"code": "x", "pad": "' + b"x" * 20_000 + b'"}', None),
+    ],
+)
+def test_a_views_own_problem_code_is_read_when_it_is_a_small_json_object(body, code):
+    response = HttpResponse(body, content_type="application/problem+json", status=400)
+    assert _problem_code(response) == code
+    assert _problem_code(HttpResponse(body, content_type="application/json")) is None
+
+
+def test_the_middleware_leaves_a_views_own_correlation_header_alone():
+    def view(request):
+        response = HttpResponse()
+        response["X-Correlation-ID"] = "the-view's"
+        return response
+
+    response = CorrelationIdMiddleware(view)(RequestFactory().get("/"))
+    assert response["X-Correlation-ID"] == "the-view's"
