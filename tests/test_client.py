@@ -1532,3 +1532,24 @@ def test_each_retry_is_an_event_on_the_callers_span(kind, server, fake):
             "server.address": server.host,
         },
     ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_current_correlation_id_goes_to_the_service_below(kind, server, fake):
+    from django_idempotency.correlation import bind  # noqa: PLC0415
+
+    server.script.extend([answer(503)])
+    with bind("corr-7"):
+        call(kind, make_policy(fake), "GET", server.url())
+        call(kind, make_policy(fake), "GET", server.url(), headers={"X-Correlation-ID": "own"})
+        call(kind, make_policy(fake, propagate=False), "GET", server.url())
+    call(kind, make_policy(fake), "GET", server.url())
+
+    # Every retry repeats it.
+    assert [seen.headers.get("x-correlation-id") for seen in server.seen] == [
+        "corr-7",
+        "corr-7",
+        "own",
+        None,
+        None,
+    ]
