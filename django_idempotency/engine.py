@@ -111,7 +111,9 @@ class KeyedRequest:
         attempt: int = 1,
         error: Exception | None = None,
     ) -> Decision:
-        return Decision(outcome, response, self.key, self.scope, self.route, attempt, error)
+        return Decision(
+            outcome, response, self.key, self.scope, self.route, attempt, error, self.fingerprint
+        )
 
     def settled(self, found: StoredResponse | Conflict) -> Decision | None:
         """The answer when another request holds the key: its stored response replayed, or a

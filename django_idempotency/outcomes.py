@@ -17,7 +17,6 @@ from django.dispatch import Signal
 
 from django_idempotency import signals
 from django_idempotency.correlation import LOG_FIELD, from_headers, get_correlation_id
-from django_idempotency.fingerprint import FINGERPRINT_ATTRIBUTE
 
 if TYPE_CHECKING:
     from django.http import HttpResponseBase
@@ -96,13 +95,14 @@ class Decision:
     route: str | None = None
     attempt: int = 1
     error: Exception | None = None
+    fingerprint: str | None = None
 
 
 def _log(decision: Decision, view_request: Any, duration: float, overhead: float) -> None:
     scope_hash = (
         hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
     )
-    fingerprint = getattr(view_request, FINGERPRINT_ATTRIBUTE, None)
+    fingerprint = decision.fingerprint
     from_state, to_state = _KEY_CHANGES.get(decision.outcome, (None, None))
     # Never the body, never a header value: only what identifies the decision.
     logger.info(
