@@ -8,6 +8,7 @@ ratio comes from one run:
   replay  POST to the idempotent payment view, always the same key (every answer a replay)
   naive-fresh, naive-replay  the same against a deliberately naive idempotent view (naive.py):
           the floor, two statements and nothing else
+  cached-fresh, cached-replay  the same idempotent view with the replay cache on Redis
   bare-webhook  signed webhooks to a view that only inserts the body into a table
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
@@ -24,7 +25,8 @@ gthread, gunicorn runs threaded workers (4 workers x 4 threads by default) inste
 Prints Markdown tables. Needs wrk (Debian package "wrk"), a PostgreSQL server
 (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) or a MariaDB server (MARIADB_HOST,
 MARIADB_PORT, MARIADB_USER, MARIADB_PASSWORD, default 127.0.0.1:3306/root; the mariadb extra) and
-Redis on 127.0.0.1:6379 (database 13 is flushed); the plot needs matplotlib (in the bench extra).
+Redis on 127.0.0.1:6379 (databases 13 and 15 are flushed); the plot needs matplotlib (in the
+bench extra).
 Usage: python benchmarks/run.py [--database D] [--duration S] [--rounds N] [--sweep N ...] ...
 """
 
@@ -90,12 +92,16 @@ SCENARIOS = {
     "replay": {"path": "/api/payments/", "key": "the-one-key"},
     "naive-fresh": {"path": "/bench/naive/payments/", "key": ""},
     "naive-replay": {"path": "/bench/naive/payments/", "key": "the-one-key"},
+    "cached-fresh": {"path": "/bench/cached/payments/", "key": ""},
+    "cached-replay": {"path": "/bench/cached/payments/", "key": "the-one-key"},
     "bare-webhook": {"path": "/bench/bare/webhooks/"},
     "inbox": {"path": "/webhooks/provider/"},
 }
 WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
-REQUEST_SCENARIOS = ("bare", "fresh", "replay", "naive-fresh", "naive-replay")
+REQUEST_SCENARIOS = (
+    "bare", "fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay"
+)  # fmt: skip
 
 # Webhooks need a signature per event, which wrk cannot compute: each round's script carries
 # events signed beforehand, and each thread sends each of its events twice.
@@ -169,6 +175,7 @@ def prepare_database(env: dict[str, str], database: str) -> None:
     import redis  # noqa: PLC0415
 
     redis.Redis(db=13).flushdb()
+    redis.Redis(db=15).flushdb()  # the cached-* scenarios' replay cache
     manage(
         env,
         "shell",
@@ -310,6 +317,8 @@ COUNTS: dict[str, dict[str, float]] = {
     "replay": {"payments": 0.0, "keys": 0.0},
     "naive-fresh": {"payments": 1.0, "naive keys": 1.0},
     "naive-replay": {"payments": 0.0, "naive keys": 0.0},
+    "cached-fresh": {"payments": 1.0, "keys": 1.0},
+    "cached-replay": {"payments": 0.0, "keys": 0.0},
     "bare-webhook": {"events": 1.0},
     "inbox": {"inbox events": 0.5},
 }
@@ -336,7 +345,7 @@ def settled_rows(server: Server, scenario: str) -> dict[str, int]:
 
 def seed_replays(server: Server) -> None:
     """Store the one key of each replay scenario, so that every request they send is a replay."""
-    for scenario in ("replay", "naive-replay"):
+    for scenario in ("replay", "naive-replay", "cached-replay"):
         spec = SCENARIOS[scenario]
         request = urllib.request.Request(  # noqa: S310 - loopback only
             server.base + spec["path"],

@@ -19,3 +19,14 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
 IDEMPOTENCY = {**IDEMPOTENCY, "INBOX_RUNNER": "celery"}  # noqa: F405
 CELERY_BROKER_URL = "redis://127.0.0.1:6379/13"
 CELERY_TASK_ALWAYS_EAGER = False
+
+# The replay cache of the cached-* scenarios' view (benchmarks/urls.py), as the example sets it up
+# with REDIS_URL; the other views have none.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "bench-replay": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": "redis://127.0.0.1:6379/15",
+        "OPTIONS": {"SOCKET_TIMEOUT": 0.5, "SOCKET_CONNECT_TIMEOUT": 0.5},
+    },
+}

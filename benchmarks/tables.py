@@ -22,6 +22,8 @@ LABELS = {
     "replay": "`replay` (same key each time)",
     "naive-fresh": "`naive-fresh`: the naive floor, new key each time",
     "naive-replay": "`naive-replay`: the naive floor, same key each time",
+    "cached-fresh": "`cached-fresh`: with the replay cache (Redis), new key each time",
+    "cached-replay": "`cached-replay`: with the replay cache (Redis), same key each time",
     "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
     "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
 }
@@ -68,8 +70,9 @@ def requests_section(results: Results, args: argparse.Namespace) -> str:
     return (
         f"{plural(args.rounds, 'round')} x {args.duration} s after a warm-up round, "
         f"{args.connections} connections, {workers_text(args)}; medians of the rounds. Every "
-        "round checked that `fresh` and `naive-fresh` stored one payment and one key per request, "
-        "and that the replays stored none.\n\n" + _scenario_table(results.rounds, REQUEST_SCENARIOS)
+        "round checked that `fresh`, `naive-fresh` and `cached-fresh` stored one payment and one "
+        "key per request, and that the replays stored none.\n\n"
+        + _scenario_table(results.rounds, REQUEST_SCENARIOS)
     )
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
@@ -14,6 +16,9 @@ from benchmarks.naive import NaivePaymentList
 from example_project.urls import urlpatterns as example_urlpatterns
 from payments import provider
 from payments.views import PaymentList
+
+if TYPE_CHECKING:
+    from django_idempotency.policy import Policy
 
 # Measure the library, not the fake provider's simulated latency.
 provider.LATENCY = 0.0
@@ -28,6 +33,13 @@ class BarePaymentList(generics.ListCreateAPIView):
     def perform_create(self, serializer):
         with transaction.atomic():
             PaymentList.perform_create(self, serializer)
+
+
+class CachedPaymentList(PaymentList):
+    """The example's idempotent payment view, its replays served by the replay cache (Redis)."""
+
+    def get_idempotency_policy(self) -> Policy:
+        return replace(super().get_idempotency_policy(), cache="bench-replay")
 
 
 @csrf_exempt
@@ -47,4 +59,5 @@ urlpatterns = [
     path("bench/bare/payments/", BarePaymentList.as_view()),
     path("bench/bare/webhooks/", bare_webhook),
     path("bench/naive/payments/", NaivePaymentList.as_view()),
+    path("bench/cached/payments/", CachedPaymentList.as_view()),
 ]
