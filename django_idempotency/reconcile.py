@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import queue
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -248,27 +249,62 @@ def _log(outcome: str, row: Any, reason: str = "") -> None:
     )
 
 
+class _Asker:
+    """A daemon thread that runs hooks one at a time, for one sweeping thread.
+
+    A thread, so that the wait for a hook can be bounded; a lasting one, so that what a hook
+    keeps per thread (an HTTP client's connections, say) is reused from one key to the next
+    rather than left behind by a thread per key. A hook that overruns keeps its thread: the
+    next key gets a new one.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]]
+        self.jobs = queue.SimpleQueue()
+        self.stuck = False
+        threading.Thread(target=self._run, name="idempotency-reconcile", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            work, answer, done = self.jobs.get()
+            try:
+                answer["result"] = work()
+            except Exception as exc:  # logged by the sweeper's thread
+                answer["error"] = exc
+            finally:
+                connections.close_all()  # this thread's own, if the hook used the database
+                done.set()
+
+    def ask(self, work: Callable[[], Any], timeout: float) -> dict[str, Any] | None:
+        """Run ``work``; its result or error, or ``None`` if it did not finish in time."""
+        answer: dict[str, Any] = {}
+        done = threading.Event()
+        self.jobs.put((work, answer, done))
+        if done.wait(timeout):
+            return answer
+        self.stuck = True
+        return None
+
+
+_askers = threading.local()
+
+
+def _asker() -> _Asker:
+    asker: _Asker | None = getattr(_askers, "asker", None)
+    if asker is None or asker.stuck:
+        asker = _askers.asker = _Asker()
+    return asker
+
+
 def _ask(hook: Callable[[ExpiredKey], Result], expired: ExpiredKey, timeout: float) -> Any:
-    """Call ``hook`` in a thread of its own, waiting at most ``timeout`` seconds for it.
+    """Call ``hook`` in the asking thread, waiting at most ``timeout`` seconds for it.
 
     ``None`` if it raised, did not answer in time, or answered something else than a result;
     each is logged. A hook that overruns goes on in its thread, unheard: the lease it was asked
     about is given back meanwhile, so whatever it finds is stored by nobody.
     """
-    answer: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            answer["result"] = hook(expired)
-        except Exception as exc:  # logged below, in the sweeper's thread
-            answer["error"] = exc
-        finally:
-            connections.close_all()  # this thread's own, if the hook used the database
-
-    thread = threading.Thread(target=run, name="idempotency-reconcile", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
+    answer = _asker().ask(lambda: hook(expired), timeout)
+    if answer is None:
         logger.error(
             "the reconcile hook did not answer within %s s for idempotency key %s; it is "
             "asked again on the next sweep",
