@@ -200,13 +200,7 @@ def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now
     mine = keys.filter(pk=row.pk, lease_version=row.lease_version + 1, state=IN_PROGRESS)
     # Like a retry, the sweeper takes the expired lease over: the dead request is fenced out,
     # another sweeper skips the key, and a retry meanwhile waits (or is told to come back).
-    taken = keys.filter(
-        pk=row.pk, lease_version=row.lease_version, state=IN_PROGRESS, locked_until__lte=now
-    ).update(
-        lease_version=F("lease_version") + 1,
-        locked_until=timezone.now() + timeout,
-    )
-    if not taken:
+    if not _take_over(keys, row, now, timezone.now() + timeout):
         return "taken"
     claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
     expired = ExpiredKey(
@@ -237,6 +231,31 @@ def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now
     return "errors"
 
 
+def _take_over(keys: Any, row: Any, now: datetime, until: datetime) -> bool:
+    """Raise the expired lease's version and hold it until ``until``, if it is still as read.
+
+    The row is locked by its primary key alone, then changed by it: a condition on the lease in
+    the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with a retry
+    taking a neighbouring key over.
+    """
+    with transaction.atomic(using=keys.db):
+        found = (
+            keys.select_for_update()
+            .filter(pk=row.pk)
+            .values_list("lease_version", "state", "locked_until")
+        )
+        current = found.first()
+        if current is None:
+            return False  # purged meanwhile
+        version, state, locked_until = current
+        if version != row.lease_version or state != IN_PROGRESS or locked_until is None:
+            return False
+        if locked_until > now:
+            return False  # renewed by a live request, or taken over by a retry
+        keys.filter(pk=row.pk).update(lease_version=version + 1, locked_until=until)
+        return True
+
+
 def _log(outcome: str, row: Any, reason: str = "") -> None:
     logger.log(
         logging.WARNING if outcome == "unknown" else logging.INFO,
@@ -262,7 +281,8 @@ class _Asker:
         self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], dict[str, Any], threading.Event]]
         self.jobs = queue.SimpleQueue()
         self.stuck = False
-        threading.Thread(target=self._run, name="idempotency-reconcile", daemon=True).start()
+        self.thread = threading.Thread(target=self._run, name="idempotency-reconcile", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
         while True:
@@ -291,7 +311,8 @@ _askers = threading.local()
 
 def _asker() -> _Asker:
     asker: _Asker | None = getattr(_askers, "asker", None)
-    if asker is None or asker.stuck:
+    # Not alive: this process was forked (a Celery prefork worker) after it made the thread.
+    if asker is None or asker.stuck or not asker.thread.is_alive():
         asker = _askers.asker = _Asker()
     return asker
 

@@ -284,3 +284,112 @@ def test_the_checks_refuse_a_wrong_reconcile_setting(settings, problem):
     with override_settings(IDEMPOTENCY=settings):
         ids = [message.id for message in run_checks()]
     assert problem in ids
+
+
+def test_a_result_built_from_a_response_keeps_what_a_replay_keeps():
+    response = JsonResponse({"id": 3}, status=201)
+    response["Location"] = "/payments/3/"
+    response.set_cookie("session", "secret")
+    result = Reconciled.of(response)
+    headers, body = result.stored()
+    assert (result.status, body) == (201, b'{"id": 3}')
+    assert ("Location", "/payments/3/") in headers
+    assert not any(name.lower() == "set-cookie" for name, _ in headers)
+    assert Reconciled(200, [("X-A", "1")], "é").stored() == ([("X-A", "1")], "é".encode())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "answer", [Reconciled(503, {}, b""), "yes", None], ids=["a 5xx", "a string", "None"]
+)
+def test_an_answer_that_is_not_a_result_is_left_for_the_next_run(answer, caplog):
+    stuck("odd")
+    with override_settings(IDEMPOTENCY={"RECONCILE": lambda expired: answer}):
+        assert IdempotencyKey.objects.sweep_expired_leases() == 0
+    row = IdempotencyKey.objects.get()
+    assert (row.state, row.unsettled_lease_version) == ("in_progress", None)
+    assert row.locked_until <= timezone.now()
+    assert "the reconcile hook answered" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_can_release_a_key_left_for_a_person(admin_client):
+    with override_settings(IDEMPOTENCY={"RECONCILE": unknown}):
+        row = stuck("unsure")
+        IdempotencyKey.objects.sweep_expired_leases()
+        IdempotencyKey.objects.sweep_expired_leases()
+    row.refresh_from_db()
+    assert (row.state, row.unsettled_lease_version) == ("in_progress", row.lease_version)
+    with override_settings(IDEMPOTENCY={}):
+        assert IdempotencyKey.objects.sweep_expired_leases() == 0  # nor without the hook
+    response = admin_client.post(
+        "/admin/django_idempotency/idempotencykey/",
+        {"action": "release_expired_leases", "_selected_action": [row.pk]},
+    )
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert row.state == "failed"
+    assert not IdempotencyKey.objects.filter(NEEDS_ATTENTION).exists()
+
+
+@pytest.mark.django_db
+def test_a_view_option_is_validated_like_the_setting(rf):
+    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+
+    from django_idempotency.policy import Policy  # noqa: PLC0415
+
+    assert Policy.from_settings(reconcile=nothing).reconcile is nothing
+    with override_settings(IDEMPOTENCY={"RECONCILE": "tests.test_reconcile.unknown"}):
+        assert Policy.from_settings().reconcile is unknown
+    with pytest.raises(ImproperlyConfigured, match="reconcile"):
+        Policy.from_settings(reconcile="no.such.hook")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.server_db
+def test_sweepers_and_retries_at_once_settle_each_key_with_one_answer(alice):
+    from tests.test_store import in_threads  # noqa: PLC0415
+    from tests.testapp.models import Charge  # noqa: PLC0415
+
+    keys = [f"dead-{i}" for i in range(12)]
+
+    def hook(expired):
+        time.sleep(0.02)
+        return Reconciled(201, {"Content-Type": "application/json"}, b'{"by": "sweeper"}')
+
+    with override_settings(IDEMPOTENCY={"RECONCILE": hook, "WAIT_TIMEOUT": 2}):
+        for key in keys:
+            answer = ApiClient(alice).send("POST", "/lease-recovering/", {"amount": 5}, key=key)
+            assert answer.status_code == 201
+        # Every request died after the charge, before its answer was stored.
+        IdempotencyKey.objects.update(
+            state="in_progress",
+            locked_until=timezone.now() - timedelta(seconds=1),
+            response_status=None,
+            response_body=None,
+        )
+        Payment.objects.all().delete()
+
+        def work(index):
+            if index < 3:
+                return IdempotencyKey.objects.sweep_expired_leases(batch_size=4)
+            time.sleep(0.02 * index)  # spread out: some keys go to a sweeper, some to a retry
+            return ApiClient(alice).send(
+                "POST", "/lease-recovering/", {"amount": 5}, key=keys[index - 3]
+            )
+
+        results = in_threads(3 + len(keys), work)
+        finals = [
+            ApiClient(alice).send("POST", "/lease-recovering/", {"amount": 5}, key=key)
+            for key in keys
+        ]
+
+    sweeps, retries = results[:3], results[3:]
+    stored_by_retries = [r for r in retries if r["Idempotency-Status"] == "stored"]
+    assert sum(sweeps) + len(stored_by_retries) == len(keys)  # each key settled once
+    for retry, final in zip(retries, finals, strict=True):
+        assert retry.status_code == 201  # a replay, or the retry's own recovery
+        assert (final.status_code, final["Idempotency-Status"]) == (201, "replayed")
+        assert final.content == retry.content  # one answer per key, whoever stored it
+    assert all(charge.calls == 1 for charge in Charge.objects.all())  # no second charge
+    assert not IdempotencyKey.objects.filter(state="in_progress").exists()
