@@ -179,8 +179,11 @@ def sweep(using: str, now: datetime, batch_size: int) -> SweepResult:
 def _expired(
     using: str, now: datetime, limit: int, after: tuple[datetime, int] | None
 ) -> list[Any]:
-    """The next expired leases, oldest first, not yet left for a person. Not locked: each is
-    taken by a compare-and-set of its own, so that no lock is held while its hook runs."""
+    """The next expired leases, oldest first, not left for a person.
+
+    Read without a lock: each is then taken by a compare-and-set of its own, so that no lock is
+    held while its hook runs.
+    """
     rows = (
         key_model()
         .objects.using(using)
