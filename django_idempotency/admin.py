@@ -26,6 +26,7 @@ from django_idempotency.conf import UNSAFE_METHODS
 from django_idempotency.inbox import processing as inbox
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
+from django_idempotency.reconcile import NEEDS_ATTENTION
 from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
@@ -80,6 +81,20 @@ class StuckLeaseFilter(admin.SimpleListFilter):
         if self.value() == "expired":
             return queryset.filter(locked_until__lte=timezone.now())
         return queryset
+
+
+class NeedsAttentionFilter(admin.SimpleListFilter):
+    # Keys the sweeper's reconcile hook could not settle: see django_idempotency.reconcile.
+    title = _("needs attention")
+    parameter_name = "attention"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Unsettled by the reconcile hook"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
+    ) -> QuerySet[IdempotencyKey]:
+        return queryset.filter(NEEDS_ATTENTION) if self.value() == "yes" else queryset
 
 
 class MethodFilter(admin.SimpleListFilter):
@@ -209,6 +224,7 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
         "state",
         ExpiredFilter,
         StuckLeaseFilter,
+        NeedsAttentionFilter,
         MethodFilter,
         ("expires_at", admin.DateFieldListFilter),
     ]

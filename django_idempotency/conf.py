@@ -47,6 +47,11 @@ DEFAULTS: dict[str, Any] = {
     "MODE": "atomic",
     # Lease mode: how long a request owns its key before another may take it over.
     "LEASE_TIMEOUT": timedelta(seconds=60),
+    # Lease mode: callable (or dotted path) ``(ExpiredKey) -> Reconciled | NothingHappened |
+    # Unknown`` that the sweeper asks about a key whose lease ran out; None: release it.
+    "RECONCILE": None,
+    # How long the sweeper waits for the reconcile hook's answer about one key.
+    "RECONCILE_TIMEOUT": timedelta(seconds=30),
     # Alias of a Django cache (Redis) that serves replays before the database; None: off.
     "CACHE": None,
     # Webhook inbox: "inline" processes an event in the request that recorded it, right after
@@ -164,6 +169,16 @@ def _scope_function(value: Any) -> str | None:
     return None
 
 
+def _reconcile(value: Any) -> str | None:
+    if value is None:
+        return None
+    try:
+        resolve_callable(value, "RECONCILE")
+    except ImproperlyConfigured as exc:
+        return f"must be None, a callable or the dotted path of one ({exc})"
+    return None
+
+
 def _anonymous(value: Any) -> str | None:
     return None if value in ("shared", "reject") else "must be 'shared' or 'reject'"
 
@@ -214,6 +229,10 @@ def _callable(value: Any) -> Callable[..., Any]:
     return resolve_callable(value, "SCOPE_FUNCTION")  # already validated
 
 
+def _hook(value: Any) -> Callable[..., Any] | None:
+    return None if value is None else resolve_callable(value, "RECONCILE")
+
+
 class Rule(NamedTuple):
     """How one setting is checked, and turned into the value the code uses once it passes."""
 
@@ -247,6 +266,8 @@ RULES: dict[str, Rule] = {
     "OUTBOX_RETRY_MAX_DELAY": Rule("django_idempotency.E025", _ttl, _seconds),
     "OUTBOX_RETENTION": Rule("django_idempotency.E026", _ttl, _seconds),
     "ENABLED": Rule("django_idempotency.E027", _boolean, bool),
+    "RECONCILE": Rule("django_idempotency.E030", _reconcile, _hook),
+    "RECONCILE_TIMEOUT": Rule("django_idempotency.E031", _ttl, _seconds),
 }
 
 
@@ -297,6 +318,8 @@ class IdempotencySettings:
     INVALID_REQUEST_STATUS_CODES = _Setting[frozenset[int]]()
     MODE = _Setting[Mode]()
     CACHE = _Setting[str | None]()
+    RECONCILE = _Setting[Callable[..., Any] | None]()
+    RECONCILE_TIMEOUT = _Setting[timedelta]()
     LEASE_TIMEOUT = _Setting[timedelta]()
     INBOX_RUNNER = _Setting[Runner]()
     INBOX_MAX_ATTEMPTS = _Setting[int]()

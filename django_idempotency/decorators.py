@@ -88,12 +88,14 @@ def idempotent(
                 view = async_to_sync(partial(view_func, request, *args, **kwargs))
                 return await sync_to_async(handle, thread_sensitive=True)(request, view)
 
+            async_wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
             return async_wrapper  # type: ignore[return-value] # awaited by Django
 
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             return handle(request, lambda: view_func(request, *args, **kwargs))
 
+        wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
         return wrapper
 
     return decorator if view is None else decorator(view)

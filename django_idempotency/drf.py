@@ -69,6 +69,7 @@ class IdempotentMixin(_Base):
     idempotency_invalid_request_status_codes: Iterable[int] | None = None
     idempotency_mode: str | None = None
     idempotency_lease_timeout: timedelta | float | None = None
+    idempotency_reconcile: Callable[[Any], Any] | str | None = None
     idempotency_engine: Engine = default_engine
 
     def get_idempotency_policy(self) -> Policy:

@@ -15,7 +15,8 @@ example project's view) exposes them too:
   the retry client, the inbox or the outbox;
 - ``django_idempotency_client_retries_total{host, reason}``: the retry client's retries;
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
-  whose lease ran out), ``django_idempotency_inbox_due_events``,
+  whose lease ran out), ``django_idempotency_unsettled_leases`` (keys the reconcile hook
+  could not settle, waiting for a person), ``django_idempotency_inbox_due_events``,
   ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
   ``django_idempotency_outbox_dead_messages``;
 - read from the retry client's circuit breakers at each scrape, when the client is installed:
@@ -36,6 +37,7 @@ from django.utils import timezone
 
 from django_idempotency import _optional, outcomes, signals
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from django_idempotency.reconcile import NEEDS_ATTENTION
 
 with _optional.requires("metrics", __name__):
     from prometheus_client import REGISTRY, Counter, Histogram
@@ -135,6 +137,12 @@ class BacklogCollector(Collector):
                 "Lease-mode keys whose lease ran out: the sweep will release them.",
                 IdempotencyKey,
                 Q(state=IdempotencyKey.State.IN_PROGRESS, locked_until__lte=now),
+            ),
+            (
+                "django_idempotency_unsettled_leases",
+                "Lease-mode keys the reconcile hook could not settle: they wait for a person.",
+                IdempotencyKey,
+                NEEDS_ATTENTION,
             ),
             (
                 "django_idempotency_inbox_due_events",

@@ -10,6 +10,7 @@ from django.db import connections, models, router, transaction
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency import reconcile
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.store import KeyStore, again_after_deadlocks, placeholders
 
@@ -101,26 +102,37 @@ class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
         return result
 
     def sweep_expired_leases(self, *, now: datetime | None = None, batch_size: int = 1_000) -> int:
-        """Mark keys whose lease ran out as failed, in batches; return how many.
+        """Settle keys whose lease ran out, in batches; return how many were settled.
 
         A request that died (a killed worker) leaves its key in progress until its lease runs
         out; then the next request with the key takes it over anyway. Sweeping does it ahead
         of time, and fences the dead request: it raises the lease version, so a worker that
         was only slow can no longer store its result. Safe in several processes at once: a
         lease is swept once.
+
+        With a ``RECONCILE`` hook (the setting, or a view's own), the hook is asked about each
+        key first: its answer is stored, or the key released, or left for a person (see
+        ``django_idempotency.reconcile``). Settled means stored or released.
         """
+        return self.settle_expired_leases(now=now, batch_size=batch_size).settled
+
+    def settle_expired_leases(
+        self, *, now: datetime | None = None, batch_size: int = 1_000
+    ) -> reconcile.SweepResult:
+        """``sweep_expired_leases()``, telling what became of each key it found."""
         now = now or timezone.now()
-        store = KeyStore(router.db_for_write(self.model))
-        swept = 0
-        while True:
-            count = store.release_expired(now, limit=batch_size)
-            swept += count
-            if count < batch_size:
-                break
+        result = reconcile.sweep(router.db_for_write(self.model), now, batch_size)
         logger.info(
-            "swept %d expired idempotency leases", swept, extra={"idempotency_swept": swept}
+            "swept %d expired idempotency leases (%d released, %d reconciled, %d unknown, "
+            "%d hook errors)",
+            result.settled,
+            result.released,
+            result.reconciled,
+            result.unknown,
+            result.errors,
+            extra={"idempotency_swept": result.settled},
         )
-        return swept
+        return result
 
 
 class IdempotencyKey(models.Model):
@@ -175,6 +187,15 @@ class IdempotencyKey(models.Model):
     completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
     expires_at = models.DateTimeField(_("expires at"))
     replay_count = models.PositiveIntegerField(_("replay count"), default=0)
+    unsettled_lease_version = models.PositiveBigIntegerField(
+        _("unsettled lease version"),
+        null=True,
+        blank=True,
+        help_text=_(
+            "The lease that the reconcile hook could not settle: while the key is still at this "
+            "lease version, it waits for a person."
+        ),
+    )
     last_replayed_at = models.DateTimeField(_("last replayed at"), null=True, blank=True)
 
     objects = IdempotencyKeyManager()

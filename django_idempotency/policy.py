@@ -38,6 +38,9 @@ class ViewOptions(TypedDict, total=False):
     invalid_request_status_codes: Iterable[int]
     mode: Mode
     lease_timeout: timedelta | float
+    # Lease mode: what the sweeper asks about this view's keys whose lease ran out (see
+    # django_idempotency.reconcile); found through the URL pattern the key records.
+    reconcile: Callable[[Any], Any] | str
 
 
 # The IDEMPOTENCY key behind each option: the option's name in capitals, but for one.
@@ -70,6 +73,7 @@ class Policy:
     mode: Mode
     lease_timeout: timedelta
     cache: str | None
+    reconcile: Callable[..., Any] | None = None
     # Lease mode: called as recover(request, key=..., attempt=...) before a key whose earlier
     # request did not finish runs again; a response means "the effect already happened".
     recover: Recover | None = None

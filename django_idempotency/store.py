@@ -342,7 +342,15 @@ class KeyStore:
         self, now: datetime, limit: int, ids: Sequence[int] | None
     ) -> tuple[str, list[Any]]:
         only, params = "", [self._prep("locked_until", now)]
-        if ids is not None:
+        if ids is None:
+            # A lease the reconcile hook could not settle waits for a person, who may release
+            # it by its id.
+            unsettled, version = (
+                self.connection.ops.quote_name(key_field(name).column)
+                for name in ("unsettled_lease_version", "lease_version")
+            )
+            only = f" AND ({unsettled} IS NULL OR {unsettled} <> {version})"
+        else:
             column = self.connection.ops.quote_name(key_field("id").column)
             only = f" AND {column} IN ({placeholders(ids) or 'NULL'})"
             params += ids

@@ -24,7 +24,7 @@ def purge_expired_keys(
 
 @task("django_idempotency.sweep_expired_leases")
 def sweep_expired_leases() -> int:
-    """Mark keys whose lease ran out as failed; return how many."""
+    """Settle keys whose lease ran out (asking the RECONCILE hook, if any); return how many."""
     return IdempotencyKey.objects.sweep_expired_leases()
 
 

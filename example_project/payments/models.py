@@ -131,6 +131,7 @@ class ProviderCharge(models.Model):
     reference = models.CharField(_("reference"), max_length=64, unique=True)
     amount = models.PositiveBigIntegerField(_("amount"))
     currency = models.CharField(_("currency"), max_length=3)
+    description = models.CharField(_("description"), max_length=255, blank=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:

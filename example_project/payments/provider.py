@@ -17,6 +17,8 @@ from django_idempotency.inbox import StripeSignature
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from payments.models import ProviderCharge
+
 T = TypeVar("T")
 
 # Both are environment knobs so that a test serving the project can make the provider slower
@@ -62,7 +64,7 @@ def _elsewhere(work: Callable[[], T]) -> T:
     return cast("T", result["value"])
 
 
-def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
+def charge(amount: int, currency: str, *, idempotency_key: str, description: str = "") -> str:
     """Charge a card at the provider; the same key returns the first charge's reference."""
     from payments.models import ProviderCharge  # noqa: PLC0415 - models load after settings
 
@@ -74,6 +76,7 @@ def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
                 "reference": f"ch_{uuid.uuid4().hex[:16]}",
                 "amount": amount,
                 "currency": currency,
+                "description": description,
             },
         )
     )
@@ -83,14 +86,16 @@ def charge(amount: int, currency: str, *, idempotency_key: str) -> str:
 
 def find_charge(idempotency_key: str) -> str | None:
     """The reference of the charge made with this key, if the provider has one."""
+    found = charge_made_with(idempotency_key)
+    return found.reference if found is not None else None
+
+
+def charge_made_with(idempotency_key: str) -> ProviderCharge | None:
+    """The charge made with this key, as the provider tells it (amount, currency, description)."""
     from payments.models import ProviderCharge  # noqa: PLC0415
 
     return _elsewhere(
-        lambda: (
-            ProviderCharge.objects.filter(idempotency_key=idempotency_key)
-            .values_list("reference", flat=True)
-            .first()
-        )
+        lambda: ProviderCharge.objects.filter(idempotency_key=idempotency_key).first()
     )
 
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 from rest_framework import generics, status
 from rest_framework.exceptions import ValidationError
+from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
 from django_idempotency.outbox import publish
+from django_idempotency.reconcile import ExpiredKey, NothingHappened, Reconciled
 from payments import provider
 from payments.models import LedgerEntry, Payment, Refund
 from payments.serializers import PaymentSerializer, PaymentUpdateSerializer, RefundSerializer
@@ -129,29 +132,83 @@ class RefundDetail(generics.RetrieveAPIView):
         return Refund.objects.filter(payment__owner=self.request.user).select_related("payment")
 
 
+class WorkerDied(BaseException):
+    """The demo's stand-in for a worker killed right after the provider charged.
+
+    A ``BaseException`` passes every ``except Exception`` on its way out, as the death of the
+    process would: nothing of the request runs after it, not even the release of its key, whose
+    lease is left to run out.
+    """
+
+
+def provider_key(owner_pk: Any, key: str) -> str:
+    """The key we give the provider for a charge: derived from ours, per principal."""
+    return f"example:{owner_pk}:{key}"
+
+
+def owner_of(scope: str) -> Any:
+    """The user a key belongs to: the default scope starts with ``<model label>:<pk>``."""
+    principal = scope.split(" ", 1)[0]
+    return get_user_model().objects.get(pk=principal.rsplit(":", 1)[1])
+
+
+def reconcile_charge(expired: ExpiredKey) -> Reconciled | NothingHappened:
+    """What the sweeper is told about a charge whose request died: ask the provider.
+
+    If the provider took the money, record the payment (once: its provider reference is unique,
+    and the retry's recovery hook finds the same row) and answer what the view would have
+    answered. The sweeper serves no request, so the payment's links are relative.
+    """
+    owner = owner_of(expired.scope)
+    charge = provider.charge_made_with(provider_key(owner.pk, expired.key))
+    if charge is None:
+        return NothingHappened()  # the provider never charged: the retry charges
+    payment = Payment.objects.filter(provider_reference=charge.reference).first()
+    if payment is None:
+        data = {
+            "amount": charge.amount,
+            "currency": charge.currency,
+            "description": charge.description,
+        }
+        serializer = PaymentSerializer(data=data, context={"request": None})
+        serializer.is_valid(raise_exception=True)
+        payment = record_capture(serializer, owner, charge.reference)
+    body = JSONRenderer().render(PaymentSerializer(payment, context={"request": None}).data)
+    return Reconciled(status.HTTP_201_CREATED, {"Content-Type": "application/json"}, body)
+
+
 class ChargeCard(IdempotentMixin, generics.CreateAPIView):
     """Charge a card at the provider: an effect outside our database, so in lease mode.
 
     The key is committed before the provider is called, and the provider gets a key derived
     from ours. The payment that records the charge commits with the key's completion, or not at
-    all. If a request dies after the provider took the money, the retry's recovery hook finds that
-    charge and records it instead of charging the card again; the payment's unique provider
-    reference refuses a second record of one charge.
+    all. If a request dies after the provider took the money, the sweeper asks the provider
+    (``reconcile_charge``) once the lease ran out, and stores the payment it records as the
+    key's answer; a retry that comes first asks the provider itself, through the recovery hook.
+    Either way the card is not charged again: the payment's unique provider reference refuses a
+    second record of one charge.
     """
 
     serializer_class = PaymentSerializer
     idempotency_mode = "lease"
+    idempotency_reconcile = "payments.views.reconcile_charge"
 
     def provider_key(self) -> str:
-        return f"example:{self.request.user.pk}:{self.request.headers['Idempotency-Key']}"
+        return provider_key(self.request.user.pk, self.request.headers["Idempotency-Key"])
 
     def perform_create(self, serializer: PaymentSerializer) -> None:
         data = serializer.validated_data
         reference = provider.charge(
-            data["amount"], data["currency"], idempotency_key=self.provider_key()
+            data["amount"],
+            data["currency"],
+            idempotency_key=self.provider_key(),
+            description=data.get("description", ""),
         )
-        if self.request.headers.get("X-Demo-Crash"):
-            # The demo's stand-in for a worker that dies right after the provider charged.
+        crash = self.request.headers.get("X-Demo-Crash")
+        if crash == "die":
+            raise WorkerDied
+        if crash:
+            # A worker that fails (an exception) after the charge: the key is released.
             msg = "the worker died after the charge"
             raise RuntimeError(msg)
         record_capture(serializer, self.request.user, reference)

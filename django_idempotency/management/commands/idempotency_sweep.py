@@ -1,4 +1,4 @@
-"""``manage.py idempotency_sweep``: fail keys whose lease ran out, for cron users."""
+"""``manage.py idempotency_sweep``: settle keys whose lease ran out, for cron users."""
 
 from __future__ import annotations
 
@@ -10,8 +10,18 @@ from django_idempotency.models import IdempotencyKey
 
 
 class Command(BaseCommand):
-    help = "Mark lease-mode keys whose lease ran out as failed, so that a retry runs them again."
+    help = (
+        "Settle lease-mode keys whose lease ran out: ask the RECONCILE hook, if there is one, "
+        "else mark them failed, so that a retry runs them again."
+    )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        swept = IdempotencyKey.objects.sweep_expired_leases()
-        self.stdout.write(f"Swept {swept} expired leases.")
+        result = IdempotencyKey.objects.settle_expired_leases()
+        if not (result.reconciled or result.unknown or result.errors):
+            self.stdout.write(f"Swept {result.settled} expired leases.")
+            return
+        self.stdout.write(
+            f"Swept {result.settled} expired leases: {result.released} released, "
+            f"{result.reconciled} reconciled, {result.unknown} left for a person, "
+            f"{result.errors} hook errors."
+        )

@@ -220,14 +220,16 @@ def post_at_once(n: int, data: dict[str, Any], key: str, host: str) -> list[Answ
     return answers
 
 
-def captured(charge: Answer) -> tuple[OutboxMessage | None, InboxEvent | None]:
-    """The outbox message announcing a charge's payment, and the inbox event it became."""
-    message = OutboxMessage.objects.filter(payload__payment=charge.data.get("id")).first()
+def captured(charge: Answer | Any) -> tuple[OutboxMessage | None, InboxEvent | None]:
+    """The outbox message announcing a charge's payment (an answer, or the payment's id), and
+    the inbox event it became."""
+    payment = charge.data.get("id") if isinstance(charge, Answer) else charge
+    message = OutboxMessage.objects.filter(payload__payment=payment).first()
     event = InboxEvent.objects.filter(event_id=str(message.message_id) if message else "").first()
     return message, event
 
 
-def delivery(charge: Answer) -> str:
+def delivery(charge: Answer | Any) -> str:
     """What became of the announcement of a charge's payment, on both sides."""
     message, event = captured(charge)
     return f"{message.status if message else 'no message'}; inbox: {event.status if event else '-'}"

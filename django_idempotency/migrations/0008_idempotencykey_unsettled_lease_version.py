@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from django.db import migrations, models
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_idempotency", "0006_partial_indexes_everywhere"),
+    ]
+
+    operations = [
+        migrations.AddField(
+            model_name="idempotencykey",
+            name="unsettled_lease_version",
+            field=models.PositiveBigIntegerField(
+                blank=True,
+                help_text=(
+                    "The lease that the reconcile hook could not settle: while the key is still "
+                    "at this lease version, it waits for a person."
+                ),
+                null=True,
+                verbose_name="unsettled lease version",
+            ),
+        ),
+    ]
