@@ -33,9 +33,8 @@ with _optional.requires("ninja", __name__):
     from ninja.utils import contribute_operation_callback
 
 from django_idempotency import problems
-from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolve_callable
+from django_idempotency.conf import idempotency_settings, resolve_callable
 from django_idempotency.engine import Engine, default_engine
-from django_idempotency.fingerprint import buffer_body
 from django_idempotency.keys import MAX_LENGTH
 from django_idempotency.policy import Policy, check_option_names
 from django_idempotency.responses import DATABASE_UNAVAILABLE, REPLAYED_HEADER, STATUS_HEADER
@@ -198,10 +197,6 @@ class _Adapter:
 
         def before(request: HttpRequest) -> None:
             setattr(request, _OPERATION, operation)
-            if request.method in UNSAFE_METHODS and idempotency_settings.HEADER in request.headers:
-                # Authentication or parsing may read the body (a multipart one as a stream)
-                # before the fingerprint is taken.
-                buffer_body(request)
 
         if iscoroutinefunction(run):
 

@@ -10,16 +10,18 @@ import pytest
 from django.contrib.auth import authenticate
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
+from django.http import HttpResponse  # noqa: TC002 - Ninja resolves annotations at runtime
 from django.test import override_settings
 from django.urls import path
-from ninja import NinjaAPI, Router, Schema, Status
+from ninja import Form, NinjaAPI, Router, Schema, Status
 from ninja.errors import HttpError
 from ninja.security import APIKeyHeader, HttpBasicAuth
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.ninja import idempotent
 from tests.conftest import ApiClient
-from tests.testapp.models import LedgerEntry, Payment
+from tests.testapp import provider
+from tests.testapp.models import Charge, LedgerEntry, Payment
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 
@@ -86,6 +88,43 @@ def create_with_token(request, payload: PaymentIn):
 async def create_async(request, payload: PaymentIn):
     payment = await Payment.objects.acreate(amount=payload.amount)
     return Status(201, payment)
+
+
+@router.post("/notes/")
+@idempotent()
+def create_note(request, response: HttpResponse, text: Form[str]):
+    payment = Payment.objects.create(amount=len(text))
+    response["X-Note"] = f"note-{payment.pk}"
+    return {"id": payment.pk, "text": text}
+
+
+@router.patch("/notes/")
+@idempotent()
+def replace_notes(request):
+    return {"count": Payment.objects.create(amount=1).pk}
+
+
+recovered = []
+
+
+def recover_charge(request, *, key, attempt):
+    recovered.append((key, attempt))
+    charge = provider.find_charge(key)
+    if charge is None:
+        return None
+    payment = Payment.objects.create(amount=charge.amount, reference=key)
+    return Status(201, {"id": payment.pk, "recovered": True})
+
+
+@router.post("/lease/", response={201: dict})
+@idempotent(mode="lease", recover=recover_charge)
+def create_leased(request, payload: PaymentIn):
+    key = request.headers["Idempotency-Key"]
+    provider.charge(key, payload.amount)
+    if request.headers.get("X-Fail") == "exception":
+        raise RuntimeError("boom after the charge")
+    payment = Payment.objects.create(amount=payload.amount, reference=key)
+    return Status(201, {"id": payment.pk, "recovered": False})
 
 
 @router.get("/payments/")
@@ -231,6 +270,75 @@ class TestWhatIsStored:
         assert effects() == (0, 0, 0)
 
 
+class TestResponses:
+    def test_headers_set_on_ninjas_response_are_stored_and_replayed(self, client_alice, key):
+        def send():
+            return client_alice.send(
+                "POST",
+                "/api/notes/",
+                "text=hello",
+                key=key,
+                content_type="application/x-www-form-urlencoded",
+            )
+
+        first, second = send(), send()
+
+        assert first.status_code == second.status_code == 200
+        assert first["X-Note"] == second["X-Note"] == f"note-{Payment.objects.get().pk}"
+        assert second["Idempotency-Status"] == "replayed"
+
+    def test_a_multipart_form_is_fingerprinted(self, alice, key):
+        client = ApiClient(alice)
+        headers = {"Idempotency-Key": key}
+        first = client.post("/api/notes/", {"text": "one"}, headers=headers)
+        same = client.post("/api/notes/", {"text": "one"}, headers=headers)
+        other = client.post("/api/notes/", {"text": "two"}, headers=headers)
+
+        assert first.status_code == 200
+        assert same["Idempotency-Status"] == "replayed"
+        assert other.status_code == 422
+        assert problem(other)["code"] == "idempotency.payload_mismatch"
+
+    def test_a_multipart_patch_is_fingerprinted_by_its_fields(self, key):
+        from django.test.client import encode_multipart  # noqa: PLC0415
+
+        def send(text):
+            body = encode_multipart("BoUnDaRy", {"text": text})
+            return ApiClient().patch(
+                "/api/notes/",
+                body,
+                content_type="multipart/form-data; boundary=BoUnDaRy",
+                headers={"Idempotency-Key": key},
+            )
+
+        assert send("one").status_code == 200
+        assert send("one")["Idempotency-Status"] == "replayed"
+        other = send("two")
+        assert other.status_code == 422
+        assert problem(other)["code"] == "idempotency.payload_mismatch"
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLeaseMode:
+    def test_a_failed_request_releases_its_key_and_the_retry_recovers(self, alice, key):
+        recovered.clear()
+        client = ApiClient(alice, raise_request_exception=False)
+        failed = client.send(
+            "POST", "/api/lease/", {"amount": 5}, key=key, headers={"X-Fail": "exception"}
+        )
+        assert failed.status_code == 500
+        assert IdempotencyKey.objects.get().state == IdempotencyKey.State.FAILED
+        assert Payment.objects.count() == 0
+
+        retry = client.send("POST", "/api/lease/", {"amount": 5}, key=key)
+
+        assert retry.status_code == 201
+        assert retry["Idempotency-Status"] == "stored"
+        assert json.loads(retry.content) == {"id": Payment.objects.get().pk, "recovered": True}
+        assert recovered == [(key, 2)]
+        assert Charge.objects.get().calls == 1
+
+
 class TestScope:
     def test_the_same_key_from_two_users_is_two_operations(self, client_alice, client_bob, key):
         first = client_alice.send("POST", "/api/payments/", {"amount": 1}, key=key)
@@ -275,9 +383,8 @@ class TestScope:
 
         local_api = NinjaAPI(urls_namespace="ninja-tenant")
         local_api.add_router("/", local)
-        request_factory_client = ApiClient()
         with override_settings(ROOT_URLCONF=_urlconf(local_api)):
-            response = request_factory_client.send(
+            response = ApiClient().send(
                 "POST", "/api/tenant/", {"amount": 1}, key=key, headers={"X-Tenant": "acme"}
             )
         assert response["Idempotency-Status"] == "stored"
@@ -291,6 +398,40 @@ def _urlconf(ninja_api):
         urlpatterns = [path("api/", ninja_api.urls)]
 
     return URLConf
+
+
+class TestMountedTwice:
+    def test_a_router_mounted_in_two_apis_works_and_is_documented_in_each(self, key):
+        shared = Router()
+
+        @shared.post("/things/")
+        @idempotent()
+        def create_thing(request, payload: PaymentIn):
+            return {"id": Payment.objects.create(amount=payload.amount).pk}
+
+        first_api = NinjaAPI(urls_namespace="ninja-first")
+        second_api = NinjaAPI(urls_namespace="ninja-second")
+        first_api.add_router("/", shared)
+        second_api.add_router("/", shared)
+
+        class URLConf:
+            urlpatterns = [path("one/", first_api.urls), path("two/", second_api.urls)]
+
+        client = ApiClient()
+        with override_settings(ROOT_URLCONF=URLConf):
+            one = client.send("POST", "/one/things/", {"amount": 1}, key=key)
+            two = client.send("POST", "/two/things/", {"amount": 1}, key=key)
+            again = client.send("POST", "/two/things/", {"amount": 1}, key=key)
+            schemas = [
+                json.loads(client.get(f"/{name}/openapi.json").content) for name in ("one", "two")
+            ]
+
+        # The route is part of the scope: the two mounts are two endpoints.
+        assert one["Idempotency-Status"] == two["Idempotency-Status"] == "stored"
+        assert again["Idempotency-Status"] == "replayed"
+        for schema in schemas:
+            parameters = schema["paths"][next(iter(schema["paths"]))]["post"]["parameters"]
+            assert [p["name"] for p in parameters].count("Idempotency-Key") == 1
 
 
 class TestDecoratorPlacement:
