@@ -13,8 +13,8 @@ from django.db import connection
 from django.http import HttpResponse  # noqa: TC002 - Ninja resolves annotations at runtime
 from django.test import override_settings
 from django.urls import path
-from ninja import Form, NinjaAPI, Router, Schema, Status
-from ninja.errors import HttpError
+from ninja import JSONL, Form, NinjaAPI, Router, Schema, Status
+from ninja.errors import HttpError, ValidationError
 from ninja.security import APIKeyHeader, HttpBasicAuth
 
 from django_idempotency.models import IdempotencyKey
@@ -66,6 +66,8 @@ def create_payment(request, payload: PaymentIn):
         raise HttpError(402, "card declined")
     if request.headers.get("X-Fail") == "exception":
         raise RuntimeError("boom after the write")
+    if request.headers.get("X-Fail") == "invalid":
+        raise ValidationError([{"loc": ["body", "amount"], "msg": "refused after the write"}])
     return Status(201, payment)
 
 
@@ -261,6 +263,16 @@ class TestWhatIsStored:
         assert second["Idempotency-Status"] == "replayed"
         assert effects() == (1, 1, 1)
 
+    def test_a_validation_error_raised_by_the_operation_keeps_nothing(self, client_alice, key):
+        headers = {"X-Fail": "invalid"}
+        first = client_alice.send("POST", "/api/payments/", {"amount": 1}, key=key, headers=headers)
+        assert first.status_code == 422
+        assert "Idempotency-Status" not in first
+        assert effects() == (0, 0, 0)
+
+        retry = client_alice.send("POST", "/api/payments/", {"amount": 1}, key=key)
+        assert retry["Idempotency-Status"] == "stored"
+
     def test_an_unhandled_error_rolls_back_the_write_and_the_key(self, key):
         client = ApiClient(raise_request_exception=False)
         headers = {"X-Fail": "exception"}
@@ -443,6 +455,15 @@ class TestDecoratorPlacement:
             @local.post("/wrong/")
             def wrong(request):
                 return {}
+
+    def test_a_streaming_operation_is_refused(self):
+        local = Router()
+        with pytest.raises(ImproperlyConfigured, match="streamed"):
+
+            @local.post("/stream/", response=JSONL[int])
+            @idempotent()
+            def stream(request):
+                yield 1
 
     def test_an_unknown_option_is_refused(self):
         with pytest.raises(TypeError, match="Unknown idempotency options: colour"):
