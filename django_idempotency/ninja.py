@@ -33,7 +33,7 @@ with _optional.requires("ninja", __name__):
     from ninja.utils import contribute_operation_callback
 
 from django_idempotency import problems
-from django_idempotency.conf import idempotency_settings, resolve_callable
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Engine, default_engine
 from django_idempotency.keys import MAX_LENGTH
 from django_idempotency.policy import Policy, check_option_names
@@ -270,7 +270,7 @@ def ninja_scope(request: Any, route: str) -> str:
     """
     function = idempotency_settings.SCOPE_FUNCTION
     if function is not default_scope:
-        return str(resolve_callable(function, "SCOPE_FUNCTION")(request, route))
+        return str(function(request, route))
     return f"{principal(request)} {request.method} {route}"
 
 

@@ -86,7 +86,7 @@ def create_with_token(request, payload: PaymentIn):
 
 
 @router.post("/async/", response={201: PaymentOut})
-@idempotent()
+@idempotent
 async def create_async(request, payload: PaymentIn):
     payment = await Payment.objects.acreate(amount=payload.amount)
     return Status(201, payment)
@@ -382,6 +382,13 @@ class TestScope:
         assert all(scope.startswith("token:") for scope in scopes)
         assert not any("secret" in scope for scope in scopes)
 
+    def test_a_scope_function_setting_decides_and_sees_ninjas_principal(self, alice, key):
+        with override_settings(IDEMPOTENCY={"SCOPE_FUNCTION": principal_scope}):
+            response = ApiClient(alice).send("POST", "/api/required/", {"amount": 1}, key=key)
+
+        assert response["Idempotency-Status"] == "stored"
+        assert IdempotencyKey.objects.get().scope == "principal-alice"
+
     def test_a_scope_function_option_decides(self, key):
         def tenant_scope(request, route):
             return f"tenant-{request.headers['X-Tenant']}"
@@ -401,6 +408,10 @@ class TestScope:
             )
         assert response["Idempotency-Status"] == "stored"
         assert IdempotencyKey.objects.get().scope == "tenant-acme"
+
+
+def principal_scope(request, route):
+    return f"principal-{request.auth.username}"
 
 
 def _urlconf(ninja_api):
