@@ -37,7 +37,12 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Engine, default_engine
 from django_idempotency.keys import MAX_LENGTH
 from django_idempotency.policy import Policy, check_option_names
-from django_idempotency.responses import DATABASE_UNAVAILABLE, REPLAYED_HEADER, STATUS_HEADER
+from django_idempotency.responses import (
+    DATABASE_UNAVAILABLE,
+    REPLAYED_HEADER,
+    STATUS_HEADER,
+    unavailable_response,
+)
 from django_idempotency.scope import default_scope, get_principal
 
 if TYPE_CHECKING:
@@ -198,12 +203,17 @@ class _Adapter:
         def before(request: HttpRequest) -> None:
             setattr(request, _OPERATION, operation)
 
+        # The database can fail before the key is looked at too (authentication queries it
+        # after a failover): that is a retryable 503, never a bare 500.
         if iscoroutinefunction(run):
 
             @wraps(run)
             async def async_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
                 before(request)
-                response: HttpResponseBase = await run(request, **kwargs)
+                try:
+                    response: HttpResponseBase = await run(request, **kwargs)
+                except DATABASE_UNAVAILABLE:
+                    return unavailable_response(rolled_back=False)
                 return response
 
             return async_run
@@ -211,7 +221,10 @@ class _Adapter:
         @wraps(run)
         def sync_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
             before(request)
-            response: HttpResponseBase = run(request, **kwargs)
+            try:
+                response: HttpResponseBase = run(request, **kwargs)
+            except DATABASE_UNAVAILABLE:
+                return unavailable_response(rolled_back=False)
             return response
 
         return sync_run

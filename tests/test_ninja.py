@@ -9,7 +9,7 @@ import time
 import pytest
 from django.contrib.auth import authenticate
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import OperationalError, connection
 from django.http import HttpResponse  # noqa: TC002 - Ninja resolves annotations at runtime
 from django.test import override_settings
 from django.urls import path
@@ -29,6 +29,11 @@ pytestmark = [pytest.mark.django_db, pytest.mark.urls(__name__)]
 class BasicAuth(HttpBasicAuth):
     def authenticate(self, request, username, password):
         return authenticate(request, username=username, password=password)
+
+
+class FailingAuth(HttpBasicAuth):
+    def authenticate(self, request, username, password):
+        raise OperationalError("the server closed the connection")
 
 
 class TokenAuth(APIKeyHeader):
@@ -129,6 +134,12 @@ def create_leased(request, payload: PaymentIn):
     return Status(201, {"id": payment.pk, "recovered": False})
 
 
+@router.post("/failover/", auth=FailingAuth())
+@idempotent()
+def after_failover(request, payload: PaymentIn):
+    return {"id": Payment.objects.create(amount=payload.amount).pk}
+
+
 @router.get("/payments/")
 def list_payments(request):
     return {"count": Payment.objects.count()}
@@ -226,6 +237,16 @@ class TestRefusals:
         response = ApiClient().send("POST", "/api/required/", {"amount": 1}, key=key)
 
         assert response.status_code == 401
+        assert effects() == (0, 0, 0)
+
+    # The answer marks every open transaction for rollback: the test's own too.
+    @pytest.mark.django_db(transaction=True)
+    def test_a_database_failure_in_authentication_is_a_503_problem(self, client_alice, key):
+        response = client_alice.send("POST", "/api/failover/", {"amount": 1}, key=key)
+
+        assert response.status_code == 503
+        assert problem(response)["code"] == "idempotency.unavailable"
+        assert "Retry-After" in response
         assert effects() == (0, 0, 0)
 
     @override_settings(IDEMPOTENCY={"ANONYMOUS": "reject"})
