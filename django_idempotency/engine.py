@@ -131,7 +131,11 @@ class KeyedRequest:
         return ReplayCache(self.policy.cache) if self.policy.cache else None
 
     def remember(self, stored: StoredResponse, using: str) -> None:
-        """Put a completed response in the replay cache, if there is one, after commit."""
+        """Put a replayed response in the replay cache, if there is one, after commit.
+
+        Filled by the first replay, not by the request that stored the response: most keys are
+        never replayed, and a fresh request should not pay for a cache write.
+        """
         if self.cache is not None:
             self.cache.put_after_commit(
                 scope=self.scope,
@@ -304,11 +308,9 @@ class Engine:
             return self._execute_lease(keyed, store)
         return self._execute(keyed, store)
 
-    def _acquire(
-        self, keyed: KeyedRequest, store: KeyStore, *, relaxed_commit: bool
-    ) -> Claim | StoredResponse | Conflict:
+    def _acquire(self, keyed: KeyedRequest, store: KeyStore) -> Claim | StoredResponse | Conflict:
         """Ask the store for the key once; a response it replays goes to the cache too."""
-        found = store.acquire(keyed.new_key(self.clock()), relaxed_commit=relaxed_commit)
+        found = store.acquire(keyed.new_key(self.clock()))
         if isinstance(found, StoredResponse):
             keyed.remember(found, store.using)  # read-through
         return found
@@ -316,27 +318,21 @@ class Engine:
     def _complete(
         self, keyed: KeyedRequest, store: KeyStore, claim: Claim, response: HttpResponseBase
     ) -> bool:
-        """Store the view's response on its claimed row, and in the replay cache once that
-        commits. ``False`` if another request took the key over meanwhile."""
+        """Store the view's response on its claimed row. ``False`` if another request took the
+        key over meanwhile."""
         headers, body = capture(response)
         status = response.status_code
-        if not store.complete(claim, status=status, headers=headers, body=body, now=self.clock()):
-            return False
-        keyed.remember(StoredResponse(status, headers, body, 0, claim.expires_at), store.using)
-        return True
+        return store.complete(claim, status=status, headers=headers, body=body, now=self.clock())
 
     def _execute(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
         """Atomic mode: claim, run and complete in one transaction with the view's writes."""
         connection = transaction.get_connection(store.using)
-        # Under ATOMIC_REQUESTS (or any enclosing transaction) a replay shares its commit with
-        # writes that are not ours to make less durable.
-        relaxed_commit = not connection.in_atomic_block
         # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises an
         # API error. A savepoint then undoes just the view's writes, and its answer is still
         # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
         savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
         with transaction.atomic(using=store.using):
-            claim = self._acquire(keyed, store, relaxed_commit=relaxed_commit)
+            claim = self._acquire(keyed, store)
             if not isinstance(claim, Claim):
                 # The store waited on the other request as long as the policy allows.
                 if (settled := keyed.settled(claim)) is None:
@@ -392,7 +388,7 @@ class Engine:
         deadline = time.monotonic() + keyed.policy.wait_timeout
         while True:
             with transaction.atomic(using=store.using):
-                found = self._acquire(keyed, store, relaxed_commit=True)
+                found = self._acquire(keyed, store)
             if isinstance(found, Claim):
                 return found
             if (settled := keyed.settled(found)) is not None:
@@ -434,14 +430,7 @@ class Engine:
         )
         deadline = time.monotonic() + keyed.policy.wait_timeout
         while True:
-            with transaction.atomic(using=store.using):
-                found = store.replay(
-                    scope=keyed.scope,
-                    key=keyed.key,
-                    fingerprint=keyed.fingerprint,
-                    now=self.clock(),
-                    relaxed_commit=True,
-                )
+            found = store.replay(keyed.new_key(self.clock()))
             if (settled := keyed.settled(found)) is not None:
                 return settled
             _pause_until(deadline)

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 
+#: Where a request keeps its fingerprint once computed: the decision's log record shows a prefix.
+FINGERPRINT_ATTRIBUTE = "_django_idempotency_fingerprint"
+
+
 class _Digest:
     """SHA-256 over length-prefixed parts, so that no two sequences of parts collide."""
 
@@ -147,4 +151,6 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
             raise UnreadableBody(msg) from exc
         digest.add(b"json" if canonical is not None else b"raw")
         digest.add(canonical if canonical is not None else body)
-    return digest.hexdigest()
+    fingerprint = digest.hexdigest()
+    setattr(request, FINGERPRINT_ATTRIBUTE, fingerprint)
+    return fingerprint

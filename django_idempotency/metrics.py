@@ -11,6 +11,9 @@ example project's view) exposes them too:
   requests, the view's own time left out;
 - ``django_idempotency_inbox_events_total{source, outcome}``: webhook inbox steps
   (``received``, ``duplicate``, ``conflict``, ``processed``, ``failed``, ``dead``);
+- ``django_idempotency_retry_delay_seconds{component}``: the delay of each retry scheduled by
+  the retry client, the inbox or the outbox;
+- ``django_idempotency_client_retries_total{host, reason}``: the retry client's retries;
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_inbox_due_events``,
   ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
@@ -31,7 +34,7 @@ from django.db import DatabaseError, router
 from django.db.models import Q
 from django.utils import timezone
 
-from django_idempotency import _optional, signals
+from django_idempotency import _optional, outcomes, signals
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 
 with _optional.requires("metrics", __name__):
@@ -68,6 +71,25 @@ INBOX_EVENTS = Counter(
     "Webhook inbox steps, by source and outcome.",
     ["source", "outcome"],
 )
+
+RETRY_DELAY = Histogram(
+    "django_idempotency_retry_delay_seconds",
+    "Delays of the retries scheduled, by component: client, inbox or outbox.",
+    ["component"],
+    # From the client's fraction of a second to the inbox's and outbox's hours.
+    buckets=(0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0),
+)
+CLIENT_RETRIES = Counter(
+    "django_idempotency_client_retries",
+    "Retries of the retry client, by host and reason.",
+    ["host", "reason"],
+)
+
+
+def _count_retry(*, component: str, delay: float, **details: Any) -> None:
+    RETRY_DELAY.labels(component=component).observe(delay)
+    if component == "client":
+        CLIENT_RETRIES.labels(host=details["host"], reason=details["reason"]).inc()
 
 
 def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
@@ -201,6 +223,9 @@ def _connect() -> None:
         signal.connect(
             _inbox_receiver(outcome), dispatch_uid="django_idempotency.metrics", weak=False
         )
+    outcomes.retry_scheduled.connect(
+        _count_retry, dispatch_uid="django_idempotency.metrics", weak=False
+    )
     REGISTRY.register(BacklogCollector())
     if _CLIENT:
         REGISTRY.register(CircuitCollector())

@@ -1,17 +1,25 @@
-"""What the engine decided for a request, and how a decision is logged and signalled."""
+"""What the engine decided for a request, and how a decision is logged and signalled.
+
+Also what the inbox, the outbox and the retry client share to report their own steps: the
+fields of a state change, and the hook that a scheduled retry's delay is reported through.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from django.dispatch import Signal
+
 from django_idempotency import signals
+from django_idempotency.correlation import LOG_FIELD, from_headers, get_correlation_id
+from django_idempotency.fingerprint import FINGERPRINT_ATTRIBUTE
 
 if TYPE_CHECKING:
-    from django.dispatch import Signal
     from django.http import HttpResponseBase
 
 logger = logging.getLogger("django_idempotency")
@@ -40,6 +48,45 @@ _SIGNALS: dict[Outcome, Signal] = {
 }
 
 
+# The state a key moves from and to when a decision changes it; a replay or a refusal changes
+# nothing. A response that is not stored releases the key: its row is rolled back or deleted.
+_KEY_CHANGES: dict[Outcome, tuple[str, str]] = {
+    Outcome.STORED: ("in_progress", "succeeded"),
+    Outcome.NOT_STORED: ("in_progress", "released"),
+}
+#: How many hex digits of the request's fingerprint a decision's log record shows.
+FINGERPRINT_PREFIX = 12
+# A problem body is small; a body larger than this is not read for its code.
+_PROBLEM_MAX_LENGTH = 16 * 1024
+
+#: Sent when the inbox, the outbox or the retry client schedules a retry, with ``component``
+#: ("client", "inbox" or "outbox"), ``delay`` (seconds) and ``attempt`` (the one that failed);
+#: the client adds ``host`` and ``reason``. The metrics and tracing modules receive it.
+retry_scheduled = Signal()
+
+
+def state_change(from_state: str | None, to_state: str | None) -> dict[str, str | None]:
+    """The fields of a log record about an object whose state changes."""
+    # A model's status choice logs as its value, whatever the formatter does with enums.
+    return {
+        "from_state": None if from_state is None else str(from_state),
+        "to_state": None if to_state is None else str(to_state),
+    }
+
+
+def report_retry(component: str, delay: float, attempt: int, **details: Any) -> None:
+    """Tell the metrics and tracing modules that a retry is scheduled ``delay`` seconds away."""
+    if retry_scheduled.has_listeners():
+        signals.send_robustly(
+            retry_scheduled,
+            component,
+            component=component,
+            delay=max(0.0, delay),
+            attempt=attempt,
+            **details,
+        )
+
+
 @dataclass
 class Decision:
     outcome: Outcome
@@ -51,10 +98,12 @@ class Decision:
     error: Exception | None = None
 
 
-def _log(decision: Decision, duration: float, overhead: float) -> None:
+def _log(decision: Decision, view_request: Any, duration: float, overhead: float) -> None:
     scope_hash = (
         hashlib.sha256(decision.scope.encode()).hexdigest()[:16] if decision.scope else None
     )
+    fingerprint = getattr(view_request, FINGERPRINT_ATTRIBUTE, None)
+    from_state, to_state = _KEY_CHANGES.get(decision.outcome, (None, None))
     # Never the body, never a header value: only what identifies the decision.
     logger.info(
         "idempotency %s: key=%s route=%s",
@@ -67,11 +116,32 @@ def _log(decision: Decision, duration: float, overhead: float) -> None:
             "idempotency_scope": scope_hash,
             "idempotency_route": decision.route,
             "idempotency_attempt": decision.attempt,
+            "idempotency_fingerprint": fingerprint[:FINGERPRINT_PREFIX] if fingerprint else None,
+            "idempotency_problem": _problem_code(decision.response),
             "idempotency_duration_ms": round(duration * 1000, 3),
             "idempotency_overhead_ms": round(overhead * 1000, 3),
             "status_code": decision.response.status_code if decision.response else None,
+            # Without the middleware, the request's own header still ties the record to it.
+            LOG_FIELD: get_correlation_id() or from_headers(getattr(view_request, "headers", None)),
+            **state_change(from_state, to_state),
         },
     )
+
+
+def _problem_code(response: HttpResponseBase | None) -> str | None:
+    """The ``code`` of a problem+json response (ours, or a view's), else ``None``."""
+    if response is None or response.streaming:
+        return None
+    if not response.get("Content-Type", "").startswith("application/problem+json"):
+        return None
+    content: bytes = getattr(response, "content", b"")
+    if len(content) > _PROBLEM_MAX_LENGTH:
+        return None
+    try:
+        code = json.loads(content).get("code")
+    except (ValueError, AttributeError):  # not JSON, or not an object
+        return None
+    return code if isinstance(code, str) else None
 
 
 def report(
@@ -83,7 +153,7 @@ def report(
 ) -> None:
     overhead = max(0.0, duration - view_seconds)
     if logger.isEnabledFor(logging.INFO):
-        _log(decision, duration, overhead)
+        _log(decision, view_request, duration, overhead)
     # The decision is made (and maybe committed): a failing receiver must not undo the answer.
     signals.send_robustly(
         _SIGNALS[decision.outcome],

@@ -40,20 +40,21 @@ RENEWED = tuple(
 RESET = ("response_status", "response_headers", "response_body", "completed_at", "last_replayed_at")
 # What a replay returns, in this order.
 RESPONSE = ("response_status", "response_headers", "response_body", "replay_count", "expires_at")
+# What is read of the row that holds a key a request could not insert, in this order.
+HOLDER = ("id", "lease_version", "attempts", "state", "fingerprint", "locked_until", *RESPONSE)
 
 
 class Statements(NamedTuple):
-    claim: str
-    replay: str
-    replay_relaxed: str
+    insert: str  # a new key's row, or nothing if a row holds the key
+    claim: str  # a new row, or the takeover of an expired, failed or lease-lost one
+    holder: str  # the row that holds a key, read without a lock
+    count_replays: str
     complete: str
     fail: str
     renew: str
     release_expired: str  # a template: {only} narrows the rows it may pick
     purge_range: str
-    # PostgreSQL: the claim and the replay in one round trip; a purge that waits only a moment.
-    claim_or_replay: str | None = None
-    claim_or_replay_relaxed: str | None = None
+    # PostgreSQL: a purge that waits only a moment.
     purge_range_bounded: str | None = None
     purge_range_skip_locked: str | None = None
 
@@ -63,8 +64,6 @@ class MariaDBStatements(NamedTuple):
 
     locked_row: str  # the row that holds a key, locked
     take_over: str
-    count_replay: str
-    stored: str  # the response a replay returns
     release_picked: str  # a template: {ids}
     purge_pick: str
     purge_picked: str  # a template: {ids}
@@ -79,7 +78,6 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
     t = quote(key_model()._meta.db_table)
     columns = ", ".join(c(name) for name in INSERTED)
     values = ", ".join(["%s"] * len(INSERTED))
-    response = ", ".join(c(name) for name in RESPONSE)
     # The lease version fences the write: a request whose row was taken over changes nothing.
     complete = (
         f"UPDATE {t} SET {c('state')} = %s, {c('response_status')} = %s, "  # noqa: S608
@@ -95,11 +93,17 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         f"UPDATE {t} SET {c('locked_until')} = %s "  # noqa: S608
         f"WHERE {c('id')} = %s AND {c('lease_version')} = %s AND {c('state')} = 'in_progress'"
     )
-    replay = (
-        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
-        f"{c('last_replayed_at')} = %s "
-        f"WHERE {c('scope')} = %s AND {c('key')} = %s AND {c('state')} = %s "
-        f"AND {c('fingerprint')} = %s AND {c('expires_at')} > %s"
+    holder = (
+        f"SELECT {', '.join(c(name) for name in HOLDER)} FROM {t} "  # noqa: S608
+        f"WHERE {c('scope')} = %s AND {c('key')} = %s"
+    )
+    # Replays are counted in memory and written in batches (replays.py), to the row they
+    # were counted on: a key taken over since then starts afresh.
+    count_replays = (
+        f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + %s, "  # noqa: S608
+        f"{c('last_replayed_at')} = CASE WHEN {c('last_replayed_at')} IS NULL "
+        f"OR {c('last_replayed_at')} < %s THEN %s ELSE {c('last_replayed_at')} END "
+        f"WHERE {c('id')} = %s AND {c('lease_version')} = %s"
     )
     # Releasing a lease whose request died: the row fails, so the next request takes it over
     # (asking the view's recovery hook), and its lease version goes up, so the lost request
@@ -123,7 +127,9 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
             f"ON DUPLICATE KEY UPDATE {c('id')} = {c('id')} + LAST_INSERT_ID(0)"
         )
         skip_locked = f"{pick} FOR UPDATE SKIP LOCKED"
-        return Statements(claim, replay, replay, complete, fail, renew, skip_locked, purge_range)
+        return Statements(
+            claim, claim, holder, count_replays, complete, fail, renew, skip_locked, purge_range
+        )
 
     # Taking over a row starts it afresh, under a new lease version. A row that never
     # completed (it failed, or its lease ran out) counts one more attempt: its effect may have
@@ -141,63 +147,48 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         f"OR {t}.{c('locked_until')} <= %s "
         f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
     )
-    replay += f" RETURNING {response}"
+    inserted = f"INSERT INTO {t} ({columns}) VALUES ({values})"  # noqa: S608
+    new_only = (
+        f"ON CONFLICT ({c('scope')}, {c('key')}) DO NOTHING "
+        f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
+    )
     if vendor != "postgresql":
-        claim = f"INSERT INTO {t} ({columns}) VALUES ({values}) {conflict}"  # noqa: S608
         return Statements(
-            claim, replay, replay, complete, fail, renew, f"{release}({pick})", purge_range
+            f"{inserted} {new_only}",
+            f"{inserted} {conflict}",
+            holder,
+            count_replays,
+            complete,
+            fail,
+            renew,
+            f"{release}({pick})",
+            purge_range,
         )
-    # A replay writes nothing but its count, and losing a count in a crash is harmless: on
-    # PostgreSQL its transaction may commit without waiting for the WAL flush, which is most of
-    # what a replay would otherwise cost.
-    relax = "set_config('synchronous_commit', 'off', true)"
-    # One round trip: the CTE sets a transaction-local lock_timeout before the insert can wait
-    # on a duplicate's uncommitted row, and RETURNING puts the previous value back once the
-    # claim is won, so the view's own queries are not bounded by it. A claim that loses (a
-    # replay, a mismatch) runs no view and its transaction ends at once; only an enclosing
+    # The insert sets a transaction-local lock_timeout before it can wait on a duplicate's
+    # uncommitted row, all in one round trip, and RETURNING puts the previous value back once
+    # the key is claimed, so the view's own queries are not bounded by it. A claim that loses
+    # (a replay, a mismatch) runs no view and its transaction ends at once; only an enclosing
     # ATOMIC_REQUESTS transaction keeps the bound until the request ends.
-    bounded_insert = (
-        "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "
-        "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous)"
+    bounded = (
+        "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
+        "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "
+        f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded"
     )
     restore = "set_config('lock_timeout', (SELECT value FROM previous), true)"
-    claim = (
-        f"{bounded_insert} INSERT INTO {t} ({columns}) SELECT {values} "  # noqa: S608
-        f"FROM bounded {conflict}, {restore}"
-    )
-
-    # The claim and the replay in one round trip: the UPDATE runs only if the INSERT claimed
-    # nothing, and finds the row if it was committed before the statement began. A row that a
-    # concurrent request committed while the INSERT waited for it is not in the statement's
-    # snapshot: then the replay is left to a second statement.
-    # Its last column is selected so that the function runs.
-    update, returning = replay.split(" RETURNING ", 1)
-
-    def claim_or_replay(last: str) -> str:
-        return (
-            f"{bounded_insert}, claimed AS (INSERT INTO {t} ({columns}) "  # noqa: S608
-            f"SELECT {values} FROM bounded {conflict}, {restore} AS done), "
-            f"replayed AS ({update} AND NOT EXISTS (SELECT FROM claimed) "
-            f"RETURNING {returning}) "
-            f"SELECT {c('id')}, {c('lease_version')}, {c('attempts')}, "
-            "NULL, NULL, NULL, NULL, NULL, done FROM claimed UNION ALL "
-            f"SELECT NULL, NULL, NULL, {response}, {last} FROM replayed"
-        )
 
     # A row a purge finds locked belongs to a request taking that expired key over, which may
     # hold it for the whole view: wait a moment (the CTE bounds the wait before any row is
     # locked), then skip the locked rows of the range, so that no batch holds locks for long.
     return Statements(
-        claim,
-        replay,
-        f"{replay}, {relax}",
+        f"{bounded} {new_only}, {restore}",
+        f"{bounded} {conflict}, {restore}",
+        holder,
+        count_replays,
         complete,
         fail,
         renew,
         f"{release}({pick} FOR UPDATE SKIP LOCKED)",  # another sweeper's batch is its own
         purge_range,
-        claim_or_replay=claim_or_replay("NULL"),
-        claim_or_replay_relaxed=claim_or_replay(relax),
         purge_range_bounded=(
             "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
             f"{purge_range} AND EXISTS (SELECT FROM bounded)"
@@ -224,7 +215,6 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
         return quote(key_field(name).column)
 
     t = quote(key_model()._meta.db_table)
-    response = ", ".join(c(name) for name in RESPONSE)
     # MariaDB assigns from left to right, each assignment seeing the ones before it: the
     # attempts must be counted before the state is reset.
     take_over = (
@@ -239,16 +229,10 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
     in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
     return MariaDBStatements(
         locked_row=(
-            f"SELECT {c('id')}, {c('lease_version')}, {c('attempts')}, {c('state')}, "  # noqa: S608
-            f"{c('fingerprint')}, {c('locked_until')}, {response} FROM {t} "
+            f"SELECT {', '.join(c(name) for name in HOLDER)} FROM {t} "  # noqa: S608
             f"WHERE {c('scope')} = %s AND {c('key')} = %s FOR UPDATE"
         ),
         take_over=take_over,
-        count_replay=(
-            f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + 1, "  # noqa: S608
-            f"{c('last_replayed_at')} = %s WHERE {c('id')} = %s"
-        ),
-        stored=f"SELECT {response} FROM {t} WHERE {c('scope')} = %s AND {c('key')} = %s",  # noqa: S608
         release_picked=(
             f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
             f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({{ids}})"

@@ -1,13 +1,17 @@
 """What is done to the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
 
 The unique index on (scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
-is one ``INSERT … ON CONFLICT DO UPDATE … WHERE <expired> RETURNING``: it inserts a new row or
-takes over an expired one, and returns nothing when a live row holds the key. Inside a
-transaction a duplicate blocks on the first request's uncommitted row until that commits or
-rolls back; on PostgreSQL the wait is bounded by a transaction-local ``lock_timeout``. SQLite
-serializes writers instead: the wait there is the database's busy timeout, and a wait past it is
-a retryable 503. MariaDB claims with an insert that locks the row holding the key (see
-``MariaDBKeyStore``). The statements themselves are in ``statements.py``.
+is one ``INSERT … ON CONFLICT DO NOTHING RETURNING``: it inserts a new row, or returns nothing
+when a row holds the key. Then that row is read, without a lock: a completed row is replayed,
+and an expired, failed or lease-lost one is taken over by ``INSERT … ON CONFLICT DO UPDATE …
+WHERE <expired> RETURNING``, which decides a race for it. Inside a transaction a duplicate blocks
+on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the wait
+is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the wait
+there is the database's busy timeout, and a wait past it is a retryable 503. MariaDB claims with
+an insert that locks the row holding the key (see ``MariaDBKeyStore``). The statements
+themselves are in ``statements.py``.
+
+A replay writes nothing: its count waits in memory (``replays.py``).
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import OperationalError, connections, transaction
 
 from django_idempotency import statements
-from django_idempotency.statements import MariaDBStatements, Statements, key_field, key_model
+from django_idempotency.replays import Count, ReplayCounts
+from django_idempotency.statements import MariaDBStatements, Statements, key_field
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -143,6 +148,17 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
     )
 
 
+def _free(row: tuple[Any, ...], now: datetime) -> bool:
+    """Whether the key row read by ``holder`` may be taken over: it expired, failed or its
+    request's lease ran out."""
+    state, locked_until, expires_at = row[3], row[5], row[-1]
+    return (
+        _aware(expires_at) <= now
+        or state == "failed"
+        or (locked_until is not None and _aware(locked_until) <= now)
+    )
+
+
 # Built once per database vendor, not per request.
 _STATEMENTS: dict[str, Statements] = {}
 _MARIADB_STATEMENTS: list[MariaDBStatements] = []
@@ -168,36 +184,19 @@ class KeyStore:
     def _prep(self, name: str, value: Any) -> Any:
         return key_field(name).get_db_prep_save(value, self.connection)
 
-    def acquire(
-        self, new: NewKey, *, relaxed_commit: bool = False
-    ) -> Claim | StoredResponse | Conflict:
+    def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         """Claim the key; or replay the completed row that holds it; or say why neither can be.
 
         Must run inside ``transaction.atomic``. Raises ``KeyBusy`` when the wait on a concurrent
-        request's uncommitted row is exceeded. ``relaxed_commit`` as for ``replay()``.
+        request's uncommitted row is exceeded.
         """
-        sql = self.sql.claim_or_replay_relaxed if relaxed_commit else self.sql.claim_or_replay
-        if sql is None:  # SQLite: a data-modifying statement cannot be a CTE there
-            found: Claim | StoredResponse | None = self.claim(new)
-        else:
-            replay = self._replay_params(new.scope, new.key, new.fingerprint, new.now)
-            row = self._fetch(sql, [*self._claim_params(new), *replay])
-            found = None
-            if row is not None and row[0] is not None:
-                found = Claim(row[0], row[1], row[2], new.expires_at)
-            elif row is not None:
-                found = _stored(row[3:8])
-        if found is not None:
-            return found
-        # A live row holds the key, or a concurrent request committed it while this statement
-        # waited (then it is not in the statement's snapshot): a second look tells which.
-        return self.replay(
-            scope=new.scope,
-            key=new.key,
-            fingerprint=new.fingerprint,
-            now=new.now,
-            relaxed_commit=relaxed_commit,
-        )
+        row = self._fetch(self.sql.insert, self._claim_params(new, takeover=False))
+        if row is not None:
+            return Claim(row[0], row[1], row[2], new.expires_at)
+        # A row holds the key: committed before this statement, or while it waited.
+        found = self._holder(new, take_over=True)
+        assert found is not None  # noqa: S101 - a takeover that loses finds the winner's row
+        return found
 
     def claim(self, new: NewKey) -> Claim | None:
         """Insert the key row, or take over one that expired, failed or lost its lease.
@@ -205,14 +204,53 @@ class KeyStore:
         ``None`` if a live row holds the key. Must run inside ``transaction.atomic``. Raises
         ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
-        row = self._fetch(self.sql.claim, self._claim_params(new))
+        row = self._fetch(self.sql.claim, self._claim_params(new, takeover=True))
         if row is None:
             return None
         return Claim(row[0], row[1], row[2], new.expires_at)
 
-    def _claim_params(self, new: NewKey) -> list[Any]:
-        prepared_now = self._prep("expires_at", new.now)
-        params = [*self._inserted(new).values(), prepared_now, prepared_now]
+    def replay(self, new: NewKey) -> StoredResponse | Conflict:
+        """The completed response that holds the key, or why it cannot be replayed."""
+        found = self._holder(new, take_over=False)
+        if isinstance(found, StoredResponse | Conflict):
+            return found
+        return Conflict(fingerprint_matches=True)  # free to be taken over: not replayable
+
+    def _holder(self, new: NewKey, *, take_over: bool) -> Claim | StoredResponse | Conflict | None:
+        """What becomes of a request whose key a row holds: it replays the row, is refused, or
+        (if ``take_over``) takes over a row that expired, failed or lost its lease.
+
+        ``None``: the row could be taken over, but not by this call.
+        """
+        for _ in range(3):  # a row taken over or purged meanwhile: look again
+            with self.connection.cursor() as cursor:
+                cursor.execute(self.sql.holder, [new.scope, new.key])
+                row = cursor.fetchone()
+            if row is None or _free(row, new.now):
+                if not take_over:
+                    return None
+                if (claim := self.claim(new)) is not None:
+                    return claim
+                continue  # another request took the row over first: it holds the key now
+            return self._replay_or_refuse(row, new)
+        raise KeyBusy  # the row changed hands three times while this request looked
+
+    def _replay_or_refuse(self, row: tuple[Any, ...], new: NewKey) -> StoredResponse | Conflict:
+        id_, version, _attempts, state, fingerprint, _locked_until, *response = row
+        if fingerprint != new.fingerprint:
+            return Conflict(fingerprint_matches=False)
+        if state != "succeeded":
+            return Conflict(fingerprint_matches=True)  # still running
+        stored = _stored(tuple(response))
+        # Counted as written, with this process's replays that are not yet.
+        unwritten = replay_counts.add(self.using, id_, version, new.now)
+        return replace(stored, replay_count=stored.replay_count + unwritten)
+
+    def _claim_params(self, new: NewKey, *, takeover: bool) -> list[Any]:
+        params = list(self._inserted(new).values())
+        if takeover:
+            prepared_now = self._prep("expires_at", new.now)
+            params += [prepared_now, prepared_now]
         if self.connection.vendor == "postgresql":
             # PostgreSQL reads a lock_timeout of 0 as "wait forever": the shortest wait is 1 ms.
             params.insert(0, f"{max(1, round(new.wait_timeout * 1000))}ms")
@@ -229,10 +267,6 @@ class KeyStore:
         }  # fmt: skip
         return {name: values[name] for name in statements.INSERTED}
 
-    def _replay_params(self, scope: str, key: str, fingerprint: str, now: datetime) -> list[Any]:
-        prepared_now = self._prep("last_replayed_at", now)
-        return [prepared_now, scope, key, "succeeded", fingerprint, prepared_now]
-
     def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
         """Run a claiming statement; ``KeyBusy`` if its wait on a duplicate timed out."""
         with self.connection.cursor() as cursor:
@@ -244,38 +278,17 @@ class KeyStore:
                 raise
             return cast("tuple[Any, ...] | None", cursor.fetchone())
 
-    def replay(
-        self,
-        *,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        now: datetime,
-        relaxed_commit: bool = False,
-    ) -> StoredResponse | Conflict:
-        """Count a replay of the completed row and return its response, or say why not.
-
-        ``relaxed_commit``: nothing else is written in this transaction, so its commit need not
-        wait for the disk (the count is all it would lose in a crash).
-        """
-        params = self._replay_params(scope, key, fingerprint, now)
-        sql = self.sql.replay_relaxed if relaxed_commit else self.sql.replay
-        with self.connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-        if row is not None:
-            return _stored(row[:5])
-        return self._conflict(scope, key, fingerprint)
-
-    def _conflict(self, scope: str, key: str, fingerprint: str) -> Conflict:
-        stored_fingerprint = (
-            key_model()
-            .objects.using(self.using)
-            .filter(scope=scope, key=key)
-            .values_list("fingerprint", flat=True)
-            .first()
-        )
-        return Conflict(fingerprint_matches=stored_fingerprint in (None, fingerprint))
+    def write_replay_counts(self, counts: Mapping[tuple[int, int], Count]) -> None:
+        """Add replays counted in memory to their rows, in one transaction of their own."""
+        params = [
+            [count.replays, *[self._prep("last_replayed_at", count.last_at)] * 2, id_, version]
+            for (id_, version), count in sorted(counts.items())  # in id order: no deadlocks
+        ]
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            if self.connection.vendor == "postgresql":
+                # Statistics: the commit need not wait for the disk.
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            cursor.executemany(self.sql.count_replays, params)
 
     def complete(
         self,
@@ -372,17 +385,14 @@ class MariaDBKeyStore(KeyStore):
             _MARIADB_STATEMENTS.append(statements.mariadb(self.connection.ops.quote_name))
         self.more = _MARIADB_STATEMENTS[0]
 
-    def acquire(
-        self, new: NewKey, *, relaxed_commit: bool = False
-    ) -> Claim | StoredResponse | Conflict:
-        # relaxed_commit has no MariaDB counterpart: flushing the log is a server-wide setting.
+    def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         return self._claim(new, replay=True)
 
     def claim(self, new: NewKey) -> Claim | None:
         found = self._claim(new, replay=False)
         return found if isinstance(found, Claim) else None
 
-    def _claim_params(self, new: NewKey) -> list[Any]:
+    def _claim_params(self, new: NewKey, *, takeover: bool = False) -> list[Any]:
         # innodb_lock_wait_timeout counts whole seconds; 0 does not wait.
         return [math.ceil(new.wait_timeout), *self._inserted(new).values()]
 
@@ -399,23 +409,16 @@ class MariaDBKeyStore(KeyStore):
                     break
                 # Unreachable while the insert's lock holds the row; should a purge have taken it
                 # in between, the key is new again.
-            id_, version, attempts, state, fingerprint, locked_until, *response = row
-            if (
-                _aware(response[-1]) <= new.now  # expires_at
-                or state == "failed"
-                or (locked_until is not None and _aware(locked_until) <= new.now)
-            ):
+            if _free(row, new.now):
+                id_, version, attempts, state = row[:4]
                 inserted = self._inserted(new)
                 renewed = [inserted[name] for name in statements.RENEWED]
                 cursor.execute(self.more.take_over, [*renewed, id_])
                 attempts = 1 if state == "succeeded" else attempts + 1
                 return Claim(id_, version + 1, attempts, new.expires_at)
-            if replay and state == "succeeded" and fingerprint == new.fingerprint:
-                now = self._prep("last_replayed_at", new.now)
-                cursor.execute(self.more.count_replay, [now, id_])
-                stored = _stored(tuple(response))
-                return replace(stored, replay_count=stored.replay_count + 1)
-        return Conflict(fingerprint_matches=fingerprint == new.fingerprint)
+        if not replay:
+            return Conflict(fingerprint_matches=row[4] == new.fingerprint)
+        return self._replay_or_refuse(row, new)
 
     def _insert(self, cursor: Any, new: NewKey, deadline: float) -> None:
         """Insert the key's row, or lock the row that holds it; ``KeyBusy`` if the wait ran out.
@@ -438,22 +441,6 @@ class MariaDBKeyStore(KeyStore):
                     raise KeyBusy from exc
                 raise
             return
-
-    def replay(
-        self,
-        *,
-        scope: str,
-        key: str,
-        fingerprint: str,
-        now: datetime,
-        relaxed_commit: bool = False,
-    ) -> StoredResponse | Conflict:
-        with self.connection.cursor() as cursor:
-            cursor.execute(self.sql.replay, self._replay_params(scope, key, fingerprint, now))
-            if cursor.rowcount == 1:  # Django's MariaDB connections count the rows matched
-                cursor.execute(self.more.stored, [scope, key])
-                return _stored(cursor.fetchone())
-        return self._conflict(scope, key, fingerprint)
 
     def release_expired(
         self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
@@ -484,6 +471,10 @@ class MariaDBKeyStore(KeyStore):
         if picked:
             cursor.execute(template.format(ids=placeholders(picked)), picked)
         return len(picked)
+
+
+# This process's replays, written to their rows about a second after they were counted.
+replay_counts = ReplayCounts(lambda using, counts: KeyStore(using).write_replay_counts(counts))
 
 
 def placeholders(values: Sequence[Any]) -> str:

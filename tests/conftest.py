@@ -120,3 +120,13 @@ def key():
 @pytest.fixture
 def vendor():
     return connection.vendor
+
+
+@pytest.fixture(autouse=True)
+def unwritten_replay_counts():
+    """Each test starts without replay counts from another, whose rows were rolled back."""
+    from django_idempotency.store import replay_counts  # noqa: PLC0415 - needs the app registry
+
+    replay_counts.discard()
+    yield replay_counts
+    replay_counts.discard()

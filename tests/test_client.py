@@ -1464,3 +1464,92 @@ def test_the_module_imports_without_requests(monkeypatch):
 def test_the_module_needs_tenacity(monkeypatch):
     with pytest.raises(ImproperlyConfigured, match=r'pip install "django-idempotency\[client\]"'):
         load_client(monkeypatch, "tenacity")
+
+
+# --- metrics and spans ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db  # a scrape reads the backlog gauges too
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_retry_is_counted_and_its_delay_measured(kind, server, fake):
+    from prometheus_client import REGISTRY  # noqa: PLC0415 - the metrics extra
+
+    def sample(name, **labels):
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    delays = sample("django_idempotency_retry_delay_seconds_count", component="client")
+    under = sample("django_idempotency_retry_delay_seconds_bucket", component="client", le="0.1")
+    retries = sample(
+        "django_idempotency_client_retries_total", host=server.host, reason="status 503"
+    )
+    server.script.extend([answer(503), answer(503)])
+
+    call(kind, make_policy(fake), "GET", server.url())
+
+    # Two retries, 0.05 s and 0.1 s away.
+    assert sample("django_idempotency_retry_delay_seconds_count", component="client") == delays + 2
+    assert (
+        sample("django_idempotency_retry_delay_seconds_bucket", component="client", le="0.1")
+        == under + 2
+    )
+    assert (
+        sample("django_idempotency_client_retries_total", host=server.host, reason="status 503")
+        == retries + 2
+    )
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_retry_is_an_event_on_the_callers_span(kind, server, fake):
+    from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415 - the tracing extra
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: PLC0415
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: PLC0415
+        InMemorySpanExporter,
+    )
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    server.script.extend([answer(503), answer(429, {"Retry-After": "2"})])
+
+    with provider.get_tracer("tests").start_as_current_span("charge"):
+        call(kind, make_policy(fake), "POST", server.url())
+
+    (span,) = exporter.get_finished_spans()
+    assert [event.name for event in span.events] == ["idempotency.retry"] * 2
+    assert [dict(event.attributes) for event in span.events] == [
+        {
+            "idempotency.retry.component": "client",
+            "idempotency.retry.attempt": 1,
+            "idempotency.retry.delay_ms": 50.0,
+            "idempotency.retry.reason": "status 503",
+            "server.address": server.host,
+        },
+        {
+            "idempotency.retry.component": "client",
+            "idempotency.retry.attempt": 2,
+            "idempotency.retry.delay_ms": 2000.0,
+            "idempotency.retry.reason": "status 429",
+            "server.address": server.host,
+        },
+    ]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_current_correlation_id_goes_to_the_service_below(kind, server, fake):
+    from django_idempotency.correlation import bind  # noqa: PLC0415
+
+    server.script.extend([answer(503)])
+    with bind("corr-7"):
+        call(kind, make_policy(fake), "GET", server.url())
+        call(kind, make_policy(fake), "GET", server.url(), headers={"X-Correlation-ID": "own"})
+        call(kind, make_policy(fake, propagate=False), "GET", server.url())
+    call(kind, make_policy(fake), "GET", server.url())
+
+    # Every retry repeats it.
+    assert [seen.headers.get("x-correlation-id") for seen in server.seen] == [
+        "corr-7",
+        "corr-7",
+        "own",
+        None,
+        None,
+    ]

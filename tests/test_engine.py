@@ -325,9 +325,9 @@ class CountingStore:
     def __getattr__(self, name):
         return getattr(self.store, name)
 
-    def acquire(self, new, *, relaxed_commit=False):
+    def acquire(self, new):
         self.acquired += 1
-        return self.store.acquire(new, relaxed_commit=relaxed_commit)
+        return self.store.acquire(new)
 
 
 @pytest.mark.django_db

@@ -11,6 +11,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import REGISTRY, generate_latest
 
+from django_idempotency.outbox import publish, relay, relaying
 from tests.factories import IdempotencyKeyFactory, InboxEventFactory, OutboxMessageFactory
 from tests.inbox import deliver, refund_event
 
@@ -88,3 +89,52 @@ def test_a_replay_is_visible_in_its_requests_span(client_alice, key):
     assert span.attributes["idempotency.key"] == key
     assert span.attributes["idempotency.attempt"] == 2
     assert span.attributes["idempotency.overhead_ms"] >= 0
+
+
+def test_the_inbox_and_outbox_retry_delays_are_measured(monkeypatch):
+    monkeypatch.setattr(relaying, "trigger", lambda: None)
+    inbox = sample("django_idempotency_retry_delay_seconds_count", component="inbox")
+    outbox = sample("django_idempotency_retry_delay_seconds_count", component="outbox")
+    # A first retry waits at most INBOX_RETRY_DELAY and OUTBOX_RETRY_DELAY: 30 s.
+    inbox_quick = sample(
+        "django_idempotency_retry_delay_seconds_bucket", component="inbox", le="30.0"
+    )
+    outbox_quick = sample(
+        "django_idempotency_retry_delay_seconds_bucket", component="outbox", le="30.0"
+    )
+
+    deliver(refund_event(fail="always"))
+    publish("tests.failing", {"fail_times": "always"})
+    relay(random=lambda: 0.5)
+
+    assert sample("django_idempotency_retry_delay_seconds_count", component="inbox") == inbox + 1
+    assert sample("django_idempotency_retry_delay_seconds_count", component="outbox") == outbox + 1
+    assert (
+        sample("django_idempotency_retry_delay_seconds_bucket", component="inbox", le="30.0")
+        == inbox_quick + 1
+    )
+    assert (
+        sample("django_idempotency_retry_delay_seconds_bucket", component="outbox", le="30.0")
+        == outbox_quick + 1
+    )
+    # No retry is scheduled for a delivered message or a processed event.
+    deliver(refund_event())
+    assert sample("django_idempotency_retry_delay_seconds_count", component="inbox") == inbox + 1
+
+
+def test_an_outbox_retry_is_an_event_on_the_relays_span(monkeypatch):
+    monkeypatch.setattr(relaying, "trigger", lambda: None)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    publish("tests.failing", {"fail_times": "always"})
+
+    with provider.get_tracer("tests").start_as_current_span("relay_outbox"):
+        relay(random=lambda: 0.5)
+
+    (span,) = exporter.get_finished_spans()
+    (event,) = span.events
+    assert event.name == "idempotency.retry"
+    assert event.attributes["idempotency.retry.component"] == "outbox"
+    assert event.attributes["idempotency.retry.attempt"] == 1
+    assert 0 < event.attributes["idempotency.retry.delay_ms"] <= 30_000

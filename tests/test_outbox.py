@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -547,3 +548,35 @@ def test_in_a_testcase_each_captured_commit_triggers_its_relay(
         with django_capture_on_commit_callbacks(execute=True):
             publish("tests.recorded", {"n": n})
         assert len(recorded) == n + 1
+
+
+def test_each_state_change_of_a_message_is_logged(periodic_only, caplog):
+    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
+    with override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2}):
+        message = publish(
+            "tests.failing", {"fail_times": "always"}, headers={"X-Request-ID": "r-9"}
+        )
+        relay()
+        relay(now=later(10**6))
+    redeliver(OutboxMessage.objects.all())
+    OutboxMessage.objects.update(payload={})
+    relay()
+
+    changes = [
+        (
+            r.idempotency_message_id,
+            r.idempotency_outcome,
+            r.from_state,
+            r.to_state,
+            r.correlation_id,
+        )
+        for r in caplog.records
+        if hasattr(r, "from_state")
+    ]
+    one = str(message.message_id)
+    assert changes == [
+        (one, "failed", "pending", "pending", "r-9"),
+        (one, "dead", "pending", "dead", "r-9"),
+        (one, "redelivered", "dead", "pending", "r-9"),
+        (one, "dispatched", "pending", "dispatched", "r-9"),
+    ]

@@ -26,6 +26,7 @@ from django_idempotency.client._policy import (
     backoff,
     parse_retry_after,
 )
+from django_idempotency.outcomes import report_retry
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping
@@ -170,6 +171,7 @@ class Operation(Generic[R]):
             self.reason,
             extra=self._fields(decision),
         )
+        report_retry("client", decision.delay, decision.attempt, host=self.host, reason=self.reason)
         self.discarded = _response(state)
 
     def give_up(self, state: tenacity.RetryCallState) -> R:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, TypeVar
 
-from django_idempotency import guard
+from django_idempotency import correlation, guard
 from django_idempotency.client._operation import Operation
 from django_idempotency.client._policy import IDEMPOTENT_METHODS, KEYED_METHODS
 
@@ -32,7 +32,8 @@ def start_operation(
 ) -> Operation[R]:
     """Prepare a request for its first attempt and return the operation that will send it.
 
-    Adds the idempotency key and ``Do-Not-Retry`` to ``headers``. ``circuit_open`` makes the
+    Adds the idempotency key, ``Do-Not-Retry`` and the correlation id to ``headers``.
+    ``circuit_open`` makes the
     error raised instead of an attempt while the circuit of ``host`` is open.
     """
     method = method.upper()
@@ -43,6 +44,10 @@ def start_operation(
     retryable = inbound.retries_allowed and _may_retry(policy, method, keyed, replayable)
     if policy.propagate and (retryable or not inbound.retries_allowed):
         headers[guard.DO_NOT_RETRY_HEADER] = "1"
+    # The service below logs with the id of the work that called it.
+    correlation_id = correlation.get_correlation_id() if policy.propagate else None
+    if correlation_id is not None and correlation.HEADER not in headers:
+        headers[correlation.HEADER] = correlation_id
     budget = None if policy.budget is None else policy.budget.budget_for(host)
     breaker = None if policy.breaker is None else policy.breaker.breaker_for(host)
     started = policy.clock()

@@ -26,12 +26,13 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from django_idempotency import _celery, signals
+from django_idempotency import _celery, correlation, signals
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
+from django_idempotency.outcomes import report_retry, state_change
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -131,10 +132,20 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
             if event.status == Status.PROCESSING:
                 event.last_error = f"The worker stopped during attempt {event.attempts}."
                 event.last_traceback = ""
-            event.status, event.next_attempt_at = Status.DEAD, None
+            from_state, event.status, event.next_attempt_at = event.status, Status.DEAD, None
             event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
-            _report(event, Outcome.DEAD, None, using)
+            _report(event, Outcome.DEAD, None, using, from_state=from_state)
             return Outcome.DEAD
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "attempt %d of inbox event %s starts",
+                event.attempts + 1,
+                event.event_id,
+                extra={
+                    **log_fields(event, "processing"),
+                    **state_change(event.status, Status.PROCESSING),
+                },
+            )
         event.status = Status.PROCESSING
         event.attempts += 1
         delay = full_jitter(
@@ -149,6 +160,12 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
 
 
 def _attempt(event: InboxEvent, using: str) -> Outcome:
+    # The handler's log records, and ours, carry the id the event was delivered with.
+    with correlation.bind(correlation.from_headers(event.headers)):
+        return _attempt_bound(event, using)
+
+
+def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
     handler = get_handler(event.source, event.event_type)
     started = time.monotonic()
     error: Exception | None = None
@@ -227,11 +244,20 @@ def _report(
     error: Exception | None,
     using: str,
     duration: float | None = None,
+    *,
+    from_state: str = Status.PROCESSING,
 ) -> None:
     """Log the outcome and send its signal once the transaction that recorded it commits."""
 
     def after_commit() -> None:
-        fields = {**log_fields(event, outcome.value), "idempotency_duration": duration}
+        fields = {
+            **log_fields(event, outcome.value),
+            "idempotency_duration": duration,
+            **state_change(from_state, event.status),
+        }
+        if outcome is Outcome.FAILED and event.next_attempt_at is not None:
+            delay = (event.next_attempt_at - timezone.now()).total_seconds()
+            report_retry("inbox", delay, event.attempts, source=event.source)
         if outcome is Outcome.PROCESSED:
             logger.info("processed inbox event %s", event.event_id, extra=fields)
         elif outcome is Outcome.FAILED:
@@ -259,12 +285,17 @@ def _report(
 
 def log_fields(event: InboxEvent, outcome: str) -> dict[str, Any]:
     """The structured fields of every inbox log record about ``event``."""
+    # A duplicate's recorded event is loaded without its headers: reading them would cost a
+    # query, and the delivery's own id (bound by the middleware, if any) is the one to log.
+    headers = event.__dict__.get("headers")
     return {
         "idempotency_source": event.source,
         "idempotency_event_id": event.event_id,
         "idempotency_event_type": event.event_type,
         "idempotency_outcome": outcome,
         "idempotency_attempt": event.attempts,
+        correlation.LOG_FIELD: correlation.from_headers(headers)
+        or correlation.get_correlation_id(),
     }
 
 
@@ -285,15 +316,17 @@ def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
     """Stop retrying the unprocessed among ``events``; return their ids."""
     using = router.db_for_write(InboxEvent)
     with transaction.atomic(using=using):
-        pks = list(
+        rows = list(
             events.using(using)
             .select_for_update(skip_locked=True)
             .exclude(status__in=(Status.PROCESSED, Status.DEAD))
-            .values_list("pk", flat=True)
+            .values_list("pk", "source", "event_id", "status", "headers")
         )
+        pks = [row[0] for row in rows]
         InboxEvent.objects.using(using).filter(pk__in=pks).update(
             status=Status.DEAD, next_attempt_at=None
         )
+        _log_changes(rows, Status.DEAD)
     return pks
 
 
@@ -302,13 +335,37 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     now = timezone.now()
     with transaction.atomic(using=using):
         # A locked event is mid-attempt: skipping it leaves that attempt to finish.
-        pks = list(
-            events.using(using).select_for_update(skip_locked=True).values_list("pk", flat=True)
+        rows = list(
+            events.using(using)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "source", "event_id", "status", "headers")
         )
+        pks = [row[0] for row in rows]
         changes: dict[str, Any] = {"next_attempt_at": now + DISPATCH_GRACE}
         if reset:
             changes.update(status=Status.RECEIVED, attempts=0, processed_at=None)
+            _log_changes(rows, Status.RECEIVED)
         InboxEvent.objects.using(using).filter(pk__in=pks).update(**changes)
         for pk in pks:
             transaction.on_commit(lambda pk=pk: dispatch(pk), using=using)  # type: ignore[misc] # default binds the loop value
     return pks
+
+
+def _log_changes(rows: list[tuple[int, str, str, str, dict[str, str]]], to_state: Status) -> None:
+    """Log the state change of each event that a person's action changed."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    for _pk, source, event_id, from_state, headers in rows:
+        logger.info(
+            "inbox event %s from %s is now %s",
+            event_id,
+            source,
+            to_state,
+            extra={
+                "idempotency_source": source,
+                "idempotency_event_id": event_id,
+                "idempotency_outcome": to_state.value,
+                correlation.LOG_FIELD: correlation.from_headers(headers),
+                **state_change(from_state, to_state),
+            },
+        )

@@ -57,7 +57,13 @@ class WebhookReceiverView(View):
     #: A header that holds the event type instead (GitHub: "X-GitHub-Event").
     event_type_header: str | None = None
     #: Request headers stored with the event. Never list one that carries a secret.
-    kept_headers: tuple[str, ...] = ("Content-Type", "User-Agent")
+    #: The correlation id's headers let the event's handlers log with the sender's id.
+    kept_headers: tuple[str, ...] = (
+        "Content-Type",
+        "User-Agent",
+        "X-Correlation-ID",
+        "X-Request-ID",
+    )
     #: Larger payloads are refused with 413 before they are read.
     max_payload_size: int = 1024 * 1024
 

@@ -23,12 +23,13 @@ from django.db import DatabaseError, connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from django_idempotency import _celery
+from django_idempotency import _celery, correlation
 from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
+from django_idempotency.outcomes import report_retry, state_change
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -59,14 +60,19 @@ def publish(
     """Write a message in the current transaction; it is relayed once that commits.
 
     Messages with the same ``ordering_key`` are dispatched one at a time, in the order they
-    were published.
+    were published. The current correlation id goes with the message, in its
+    ``X-Correlation-ID`` header, unless ``headers`` carry one.
     """
     now = timezone.now()
+    headers = dict(headers or {})
+    current = correlation.get_correlation_id()
+    if current is not None and correlation.from_headers(headers) is None:
+        headers[correlation.HEADER] = current
     message = OutboxMessage(
         message_id=message_id or uuid.uuid4(),
         topic=topic,
         payload=payload,
-        headers=dict(headers or {}),
+        headers=headers,
         ordering_key=ordering_key,
         created_at=now,
         next_attempt_at=now,
@@ -166,18 +172,27 @@ def relay(
                 _release(batch[index:], using, now())
                 complete = False
                 break
-            failure = _dispatch(message)
-            if failure is None:
-                delivered.append(message.pk)
-            else:
-                counts[_record_failure(message, failure, using, now(), random)] += 1
+            # What the dispatcher logs (the retry client's lines) carries the message's id.
+            with correlation.bind(correlation.from_headers(message.headers)):
+                failure = _dispatch(message)
+                if failure is None:
+                    delivered.append(message)
+                else:
+                    counts[_record_failure(message, failure, using, now(), random)] += 1
         # One statement for the whole batch: the usual outcome is cheap. A message whose
         # lease ran out and that another relay took over is marked by that relay as well.
         counts[Status.DISPATCHED] += (
             OutboxMessage.objects.using(using)
-            .filter(pk__in=delivered, status=Status.PENDING)
+            .filter(pk__in=[message.pk for message in delivered], status=Status.PENDING)
             .update(status=Status.DISPATCHED, next_attempt_at=None, dispatched_at=now())
         )
+        if logger.isEnabledFor(logging.INFO):
+            for message in delivered:
+                logger.info(
+                    "dispatched outbox message %s",
+                    message.message_id,
+                    extra=_fields(message, "dispatched", Status.DISPATCHED),
+                )
         if not complete:
             break
     result = RelayResult(
@@ -235,7 +250,7 @@ def _claim(
                 message.message_id,
                 message.attempts,
                 message.last_error,
-                extra=_fields(message, "dead"),
+                extra=_fields(message, "dead", Status.DEAD),
             )
         if spent:
             OutboxMessage.objects.using(using).bulk_update(
@@ -298,6 +313,7 @@ def _record_failure(
             random,
         )
         status, next_attempt_at = Status.PENDING, now + timedelta(seconds=delay)
+        report_retry("outbox", delay, message.attempts, topic=message.topic)
     # Only if no other relay took the message over since this attempt claimed it.
     OutboxMessage.objects.using(using).filter(
         pk=message.pk, status=Status.PENDING, attempts=message.attempts
@@ -310,7 +326,7 @@ def _record_failure(
             message.attempts,
             " (a permanent failure)" if failure.permanent else "",
             error,
-            extra=_fields(message, "dead"),
+            extra=_fields(message, "dead", Status.DEAD),
         )
     else:
         logger.warning(
@@ -318,17 +334,20 @@ def _record_failure(
             message.message_id,
             message.attempts,
             next_attempt_at,
-            extra=_fields(message, "failed"),
+            extra=_fields(message, "failed", Status.PENDING),
         )
     return status
 
 
-def _fields(message: OutboxMessage, outcome: str) -> dict[str, Any]:
+def _fields(message: OutboxMessage, outcome: str, to_state: Status) -> dict[str, Any]:
+    """The structured fields of a log record about ``message``, which leaves the pending state."""
     return {
         "idempotency_message_id": str(message.message_id),
         "idempotency_topic": message.topic,
         "idempotency_outcome": outcome,
         "idempotency_attempt": message.attempts,
+        correlation.LOG_FIELD: correlation.from_headers(message.headers),
+        **state_change(Status.PENDING, to_state),
     }
 
 
@@ -340,12 +359,27 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     """
     using = router.db_for_write(OutboxMessage)
     with transaction.atomic(using=using):
-        pks = list(
-            messages.using(using).select_for_update(skip_locked=True).values_list("pk", flat=True)
+        rows = list(
+            messages.using(using)
+            .select_for_update(skip_locked=True)
+            .values_list("pk", "message_id", "status", "headers")
         )
+        pks = [row[0] for row in rows]
         OutboxMessage.objects.using(using).filter(pk__in=pks).update(
             status=Status.PENDING, attempts=0, next_attempt_at=timezone.now(), last_error=""
         )
+        if logger.isEnabledFor(logging.INFO):
+            for _pk, message_id, status, headers in rows:
+                logger.info(
+                    "outbox message %s will be delivered again",
+                    message_id,
+                    extra={
+                        "idempotency_message_id": str(message_id),
+                        "idempotency_outcome": "redelivered",
+                        correlation.LOG_FIELD: correlation.from_headers(headers),
+                        **state_change(status, Status.PENDING),
+                    },
+                )
         if pks:
             _trigger_after_commit(using)
     return pks

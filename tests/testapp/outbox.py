@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -10,6 +11,8 @@ from django.conf import settings
 from django_idempotency.inbox import inbox_handler
 from django_idempotency.outbox import WebhookDispatcher, outbox_dispatcher, register_dispatcher
 from tests.testapp.models import Refund
+
+logger = logging.getLogger("tests.handlers")
 
 #: The message ids the recording dispatcher was called with, in order.
 RECORDED: list[str] = []
@@ -41,4 +44,5 @@ if url := os.environ.get("TEST_OUTBOX_URL"):
 
 @inbox_handler("outbox", "payment.captured")
 def payment_captured(event):
+    logger.info("refunding for %s", event.event_id)
     Refund.objects.create(event_id=event.event_id, amount=event.payload["data"]["amount"])

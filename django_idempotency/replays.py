@@ -1,0 +1,112 @@
+"""Replay counts: kept in memory, written to the key rows at most once a second.
+
+A replay answers from one read of its key's row and writes nothing, so that its transaction has
+nothing to commit to disk. The admin still shows how often a key was replayed and when last:
+each process counts its replays here, and a timer thread writes them in one transaction about a
+second after the first one since the last write. A process that dies loses the counts of its
+last second, never a stored response.
+
+A count is written only to the row it was counted on: a key taken over meanwhile (by a new
+request after it expired, with a new lease version) starts its count afresh.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError, connections
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from datetime import datetime
+
+logger = logging.getLogger("django_idempotency")
+
+# How long a replay's count may wait in memory before it is written.
+FLUSH_DELAY = 1.0
+
+
+@dataclass
+class Count:
+    """The replays of one key row counted since the last write, and the time of the last."""
+
+    replays: int
+    last_at: datetime
+
+
+class ReplayCounts:
+    """This process's replays not yet written, by database alias and (row id, lease version)."""
+
+    def __init__(
+        self,
+        write: Callable[[str, Mapping[tuple[int, int], Count]], None],
+        delay: float = FLUSH_DELAY,
+    ) -> None:
+        self.write = write
+        self.delay = delay
+        self._pending: dict[str, dict[tuple[int, int], Count]] = {}
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def add(self, using: str, row_id: int, lease_version: int, at: datetime) -> int:
+        """Count one replay of the row ``row_id`` at ``at``, to be written within ``delay``.
+
+        Return how many replays of that row this process counted since its last write.
+        """
+        with self._lock:
+            rows = self._pending.setdefault(using, {})
+            count = rows.get((row_id, lease_version))
+            if count is None:
+                count = rows[(row_id, lease_version)] = Count(0, at)
+            count.replays += 1
+            count.last_at = max(count.last_at, at)
+            if self._timer is None:
+                self._timer = threading.Timer(self.delay, self._flush_in_background)
+                self._timer.daemon = True
+                self._timer.start()
+            return count.replays
+
+    def discard(self) -> None:
+        """Forget the counts not yet written: for test suites that roll each test back."""
+        with self._lock:
+            self._pending = {}
+
+    def pending(self) -> int:
+        """How many replays wait to be written."""
+        with self._lock:
+            return sum(c.replays for rows in self._pending.values() for c in rows.values())
+
+    def flush(self) -> int:
+        """Write the waiting counts now, in this thread; return how many replays were written.
+
+        A database error drops the counts it could not write (they are statistics), and is
+        logged.
+        """
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        written = 0
+        for using, rows in pending.items():
+            try:
+                self.write(using, rows)
+            except DatabaseError:
+                logger.warning("could not write the replay counts of %d keys", len(rows))
+            else:
+                written += sum(count.replays for count in rows.values())
+        return written
+
+    def _flush_in_background(self) -> None:
+        with self._lock:
+            self._timer = None
+        try:
+            self.flush()
+        except Exception:  # the timer thread has no caller to tell
+            logger.exception("could not write replay counts")
+        finally:
+            # This thread's connections: it may never run again.
+            connections.close_all()

@@ -1,0 +1,120 @@
+"""Replay counts: a replay writes nothing; its count reaches the key row within about a second."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.replays import ReplayCounts
+from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse, replay_counts
+from tests.factories import IdempotencyKeyFactory
+from tests.test_store import in_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def new_key(now, key="k", fingerprint="f" * 64):
+    return NewKey(
+        scope="s", key=key, method="POST", route="r/", fingerprint=fingerprint,
+        now=now, expires_at=now + timedelta(hours=1), wait_timeout=1,
+    )  # fmt: skip
+
+
+def completed(now, key="k"):
+    store = KeyStore("default")
+    with transaction.atomic():
+        claim = store.acquire(new_key(now, key))
+        assert isinstance(claim, Claim)
+        store.complete(claim, status=201, headers=[], body=b"{}", now=now)
+    return store
+
+
+@pytest.fixture(autouse=True)
+def no_pending_counts():
+    replay_counts.flush()
+    yield
+    replay_counts.flush()
+
+
+def test_replays_reach_their_row_within_a_second_or_two_without_anyone_asking(client_alice, key):
+    for _ in range(3):
+        client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert IdempotencyKey.objects.get().replay_count == 0
+    deadline = time.monotonic() + 10
+    while IdempotencyKey.objects.get().replay_count != 2:
+        assert time.monotonic() < deadline, "the replay counts were never written"
+        time.sleep(0.1)
+    assert IdempotencyKey.objects.get().last_replayed_at is not None
+    assert replay_counts.pending() == 0
+
+
+def test_the_last_replay_time_is_the_latest_one_counted():
+    now = timezone.now()
+    store = completed(now)
+    for seconds in (5, 30, 10):
+        with transaction.atomic():
+            assert isinstance(
+                store.acquire(new_key(now + timedelta(seconds=seconds))), StoredResponse
+            )
+    replay_counts.flush()
+    row = IdempotencyKey.objects.get()
+    assert (row.replay_count, row.last_replayed_at) == (3, now + timedelta(seconds=30))
+
+
+def test_a_count_is_not_given_to_the_request_that_took_the_key_over_since():
+    now = timezone.now()
+    store = completed(now)
+    with transaction.atomic():
+        assert isinstance(store.acquire(new_key(now)), StoredResponse)
+    later = now + timedelta(hours=2)  # the key expired: a new request takes it over
+    with transaction.atomic():
+        assert isinstance(store.acquire(new_key(later, fingerprint="e" * 64)), Claim)
+    replay_counts.flush()
+    row = IdempotencyKey.objects.get()
+    assert (row.lease_version, row.replay_count, row.last_replayed_at) == (2, 0, None)
+
+
+def test_a_mismatch_or_a_running_key_is_not_counted():
+    now = timezone.now()
+    IdempotencyKeyFactory(
+        scope="s", key="running", fingerprint="f" * 64, expires_at=now + timedelta(hours=1)
+    )
+    store = completed(now)
+    with transaction.atomic():
+        assert not isinstance(store.acquire(new_key(now, fingerprint="e" * 64)), StoredResponse)
+        assert not isinstance(store.acquire(new_key(now, key="running")), StoredResponse)
+    assert replay_counts.pending() == 0
+
+
+@pytest.mark.server_db
+def test_replays_counted_in_many_threads_add_up():
+    now = timezone.now()
+    store = completed(now)
+
+    def replay(_):
+        for _ in range(10):
+            with transaction.atomic():
+                assert isinstance(KeyStore("default").acquire(new_key(now)), StoredResponse)
+
+    in_threads(4, replay)
+    replay_counts.flush()
+    assert IdempotencyKey.objects.get().replay_count == 40
+    assert store.using == "default"
+
+
+def test_counts_that_cannot_be_written_are_dropped_and_logged(caplog):
+    def broken(using, counts):
+        raise DatabaseError("down")
+
+    counts = ReplayCounts(broken, delay=60)
+    counts.add("default", 1, 1, timezone.now())
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        assert counts.flush() == 0
+    assert "could not write the replay counts of 1 keys" in caplog.text
+    assert counts.pending() == 0
