@@ -23,6 +23,7 @@ EXTRAS: dict[str, Extra] = {
     "celery": Extra("celery", "celery"),
     "client": Extra("tenacity", "tenacity"),
     "openapi": Extra("drf_spectacular", "drf-spectacular"),
+    "ninja": Extra("ninja", "django-ninja"),
     "metrics": Extra("prometheus_client", "prometheus-client"),
     # opentelemetry is a namespace package that many distributions share; the API owns .trace.
     "tracing": Extra("opentelemetry.trace", "opentelemetry-api"),

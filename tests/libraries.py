@@ -10,6 +10,7 @@ from unittest import mock
 IMPORTED_BY = {
     "rest_framework": ("drf", "openapi", "testing"),
     "drf_spectacular": ("openapi",),
+    "ninja": ("ninja",),
     "celery": ("tasks",),
     "tenacity": ("client",),
     "httpx": ("client",),

@@ -23,6 +23,7 @@ from tests.libraries import IMPORTED_BY, without
     [
         ("drf", "rest_framework", "drf"),
         ("openapi", "drf_spectacular", "openapi"),
+        ("ninja", "ninja", "ninja"),
         ("tasks", "celery", "celery"),
         ("client", "tenacity", "client"),
         ("metrics", "prometheus_client", "metrics"),
@@ -184,6 +185,7 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
         "django_idempotency.drf": "drf",
         "django_idempotency.drf_errors": "drf",
         "django_idempotency.openapi": "openapi",
+        "django_idempotency.ninja": "ninja",
         "django_idempotency.tasks": "celery",
         "django_idempotency.client": "client",
         "django_idempotency.metrics": "metrics",

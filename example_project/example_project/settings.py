@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "ninja",  # the templates and static files of its interactive docs
     "django_idempotency",
     "payments",
 ]

@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from payments.ninja_api import api as ninja_api
 from payments.webhooks import PaymentEventsWebhook, ProviderWebhook
 
 
@@ -20,6 +21,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", include("payments.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    # The same payments through Django Ninja: POST /ninja/payments/, the schema at /ninja/docs.
+    path("ninja/", ninja_api.urls),
     path("metrics/", metrics),
     path("webhooks/provider/", ProviderWebhook.as_view()),
     path("webhooks/payments/", PaymentEventsWebhook.as_view()),

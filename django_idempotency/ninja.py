@@ -1,0 +1,407 @@
+"""Django Ninja adapter: ``@idempotent`` for Ninja operations.
+
+Put it under the operation's decorator::
+
+    @router.post("/payments/", response={201: PaymentOut})
+    @idempotent()
+    def create_payment(request, payload: PaymentIn): ...
+
+The key is resolved after Ninja's authentication, throttling and input validation: the scope
+has the principal that authenticated, and a request that Ninja rejects as invalid (its ``422``)
+never claims the key, so the corrected retry with the same key runs. The operation's result
+(or the ``HttpError`` it raises) becomes its response inside the engine's transaction, so a
+business ``4xx`` is stored and replayed like any other answer. The operation documents the
+``Idempotency-Key`` header and the problem answers in Ninja's OpenAPI schema.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import partial, wraps
+from inspect import iscoroutinefunction
+from typing import TYPE_CHECKING, Any, overload
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.exceptions import ImproperlyConfigured
+from django.db.models import Model
+from django.http import HttpResponseBase
+
+from django_idempotency import _optional
+
+with _optional.requires("ninja", __name__):
+    from ninja.decorators import decorate_view
+    from ninja.utils import contribute_operation_callback
+
+from django_idempotency import problems
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.engine import Engine, default_engine
+from django_idempotency.keys import MAX_LENGTH
+from django_idempotency.policy import Policy, check_option_names
+from django_idempotency.responses import (
+    DATABASE_UNAVAILABLE,
+    REPLAYED_HEADER,
+    STATUS_HEADER,
+    unavailable_response,
+)
+from django_idempotency.scope import default_scope, get_principal
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from datetime import timedelta
+    from typing import Unpack
+
+    from django.http import HttpRequest
+    from ninja.operation import Operation
+
+    from django_idempotency.policy import Recover, ViewOptions
+
+    OperationFunction = Callable[..., Any]
+
+# Where the operation that runs a request is kept, for the operation function to find: a
+# router mounted twice runs two copies of one operation, each with its own API.
+_OPERATION = "_django_idempotency_ninja_operation"
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+_PROBLEM_SCHEMA = {
+    "type": "object",
+    "title": "IdempotencyProblem",
+    "description": "An error of RFC 9457, with a stable code.",
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "code": {"type": "string", "enum": sorted(problems.BY_CODE)},
+    },
+    "required": ["type", "title", "status", "detail", "code"],
+}
+# By status as Ninja's schema has them, so that ours and the operation's own merge.
+_ANSWERS = {
+    400: (
+        "The idempotency key is missing or malformed "
+        "(`idempotency.key_missing`, `idempotency.key_invalid`)."
+    ),
+    409: (
+        "A request with this key is still in progress (`idempotency.in_progress`); "
+        "retry with the same key after `Retry-After` seconds."
+    ),
+    422: (
+        "The key was used with a different request (`idempotency.payload_mismatch`); "
+        "a new operation needs a new key. Ninja answers 422 to invalid input too, before "
+        "the key is claimed."
+    ),
+    503: (
+        "The database could not complete the request (`idempotency.unavailable`); "
+        "retry with the same key after `Retry-After` seconds."
+    ),
+}
+_ANONYMOUS_ANSWER = (
+    "The request has a key but no authenticated user (`idempotency.anonymous_rejected`); "
+    "authenticate, then retry with the same key."
+)
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying with the same key.",
+        "schema": {"type": "integer", "minimum": 0},
+    }
+}
+# A bare key, as keys.parse_key accepts it: visible ASCII (RFC 5234 VCHAR).
+_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH, "pattern": "^[!-~]+$"}
+_SUCCESS_HEADERS = {
+    STATUS_HEADER: {
+        "description": "`stored` for a first answer, `replayed` for a replay.",
+        "schema": {"type": "string", "enum": ["stored", "replayed"]},
+    },
+    REPLAYED_HEADER: {
+        "description": "`true` when the answer is a replay.",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
+}
+
+
+@overload
+def idempotent(function: OperationFunction, /) -> OperationFunction: ...
+@overload
+def idempotent(
+    *,
+    recover: Recover | None = None,
+    engine: Engine | None = None,
+    **options: Unpack[ViewOptions],
+) -> Callable[[OperationFunction], OperationFunction]: ...
+def idempotent(
+    function: OperationFunction | None = None,
+    /,
+    *,
+    recover: Recover | None = None,
+    engine: Engine | None = None,
+    **options: Unpack[ViewOptions],
+) -> OperationFunction | Callable[[OperationFunction], OperationFunction]:
+    """Make a Ninja operation idempotent by ``Idempotency-Key``; put it under ``@router.post``.
+
+    Takes the options of ``ViewOptions`` (one left out follows its ``IDEMPOTENCY`` setting, read
+    on each request) and, in lease mode, ``recover(request, key=..., attempt=...)``, which may
+    return a response or any result the operation could return.
+    """
+    check_option_names(options)
+
+    def decorator(function: OperationFunction) -> OperationFunction:
+        if hasattr(function, "_ninja_operation"):
+            msg = (
+                f"@idempotent on {function.__name__} is above the operation's decorator: put it "
+                "under @api.post (or @router.post), next to the function."
+            )
+            raise ImproperlyConfigured(msg)
+        adapter = _Adapter(recover, engine or default_engine, options)
+        contribute_operation_callback(function, adapter.install)
+        # A decorator of the operation's run (Ninja re-applies it to each mounted copy): it
+        # tells the operation function which copy runs the request.
+        return decorate_view(adapter.around_run)(function)
+
+    return decorator if function is None else decorator(function)
+
+
+class _Adapter:
+    """What one ``@idempotent`` knows: its options, and how to run its operation's function."""
+
+    def __init__(self, recover: Recover | None, engine: Engine, options: ViewOptions) -> None:
+        self.recover = recover
+        self.engine = engine
+        self.options = options
+        self.own_extra: dict[str, Any] = {}
+
+    def policy(self, operation: Operation) -> Policy:
+        recover = partial(self._recover, operation) if self.recover is not None else None
+        options: ViewOptions = {**self.options}
+        if options.get("scope_function") is None:
+            options["scope_function"] = ninja_scope
+        return Policy.from_settings(recover, **options)
+
+    def _recover(
+        self, operation: Operation, request: HttpRequest, *, key: str, attempt: int
+    ) -> HttpResponseBase | None:
+        assert self.recover is not None  # noqa: S101 - set when this is called
+        result = self.recover(request, key=key, attempt=attempt)
+        if result is None or isinstance(result, HttpResponseBase):
+            return result
+        temporal = operation.api.create_temporal_response(request)
+        return operation._result_to_response(request, result, temporal)
+
+    def install(self, operation: Operation) -> None:
+        """Wrap the operation's function, which Ninja calls after authentication and parsing."""
+        if getattr(operation, "stream_format", None) is not None:
+            msg = f"@idempotent cannot store the streamed answers of {operation.path!r}."
+            raise ImproperlyConfigured(msg)
+        operation.view_func = self._wrap(operation.view_func)
+        self.own_extra = dict(operation.openapi_extra or {})
+        _document(operation, self)
+
+    def around_run(self, run: Callable[..., Any]) -> Callable[..., Any]:
+        operation: Operation = run.__self__  # type: ignore[attr-defined] # a bound method
+        _document(operation, self)
+
+        def before(request: HttpRequest) -> None:
+            setattr(request, _OPERATION, operation)
+
+        # The database can fail before the key is looked at too (authentication queries it
+        # after a failover): that is a retryable 503, never a bare 500.
+        if iscoroutinefunction(run):
+
+            @wraps(run)
+            async def async_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+                before(request)
+                try:
+                    response: HttpResponseBase = await run(request, **kwargs)
+                except DATABASE_UNAVAILABLE:
+                    return unavailable_response(rolled_back=False)
+                return response
+
+            return async_run
+
+        @wraps(run)
+        def sync_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+            before(request)
+            try:
+                response: HttpResponseBase = run(request, **kwargs)
+            except DATABASE_UNAVAILABLE:
+                return unavailable_response(rolled_back=False)
+            return response
+
+        return sync_run
+
+    def _wrap(self, function: OperationFunction) -> OperationFunction:
+        def handle(
+            request: HttpRequest, operation: Operation, call: Callable[[], Any], values: Any
+        ) -> HttpResponseBase:
+            response_arg = operation.signature.response_arg
+            temporal = values[response_arg] if response_arg else None
+            if temporal is None:
+                temporal = operation.api.create_temporal_response(request)
+
+            def run_view() -> HttpResponseBase:
+                # The result or the error becomes a response here, inside the transaction, so
+                # a deterministic 4xx is stored and replayed like any other answer.
+                try:
+                    return operation._result_to_response(request, call(), temporal)
+                except DATABASE_UNAVAILABLE:
+                    raise  # the engine rolls back, reports it and answers 503
+                except Exception as exc:
+                    return operation.api.on_exception(request, exc)
+
+            return self.engine.handle(
+                request, run_view, policy=self.policy(operation), sender=function
+            )
+
+        if iscoroutinefunction(function):
+
+            @wraps(function)
+            async def async_function(request: HttpRequest, **values: Any) -> HttpResponseBase:
+                operation = getattr(request, _OPERATION)
+                # As the view decorator does: the engine runs in the request's thread for
+                # synchronous work, and the function's queries come back to that thread.
+                call = async_to_sync(partial(function, request, **values))
+                handler = sync_to_async(handle, thread_sensitive=True)
+                response: HttpResponseBase = await handler(request, operation, call, values)
+                return response
+
+            return async_function
+
+        @wraps(function)
+        def sync_function(request: HttpRequest, **values: Any) -> HttpResponseBase:
+            operation = getattr(request, _OPERATION)
+            return handle(request, operation, partial(function, request, **values), values)
+
+        return sync_function
+
+
+def ninja_scope(request: Any, route: str) -> str:
+    """The scope of a Ninja request: the ``SCOPE_FUNCTION`` setting's, with Ninja's principal.
+
+    With the default scope function, the principal is what Ninja's authentication returned
+    (``request.auth``): a user or a model instance by its model and primary key, a token (a
+    string) by its SHA-256 digest. Without one (or with ``True``), it is ``request.user``.
+    """
+    function = idempotency_settings.SCOPE_FUNCTION
+    if function is not default_scope:
+        return str(function(request, route))
+    return f"{principal(request)} {request.method} {route}"
+
+
+def principal(request: Any) -> str:
+    """Name who Ninja authenticated for ``request``; the anonymous policy applies without."""
+    auth = getattr(request, "auth", None)
+    if auth is None or isinstance(auth, bool):  # True: let in, as nobody in particular
+        return get_principal(request)
+    if isinstance(auth, Model) or hasattr(auth, "is_authenticated"):
+        if not getattr(auth, "is_authenticated", True):
+            return get_principal(request)
+        meta = getattr(auth, "_meta", None)
+        kind = meta.label_lower if meta is not None else type(auth).__qualname__
+        return f"{kind}:{auth.pk}"
+    if isinstance(auth, str | bytes):
+        value = auth.encode() if isinstance(auth, str) else auth
+        return f"token:{hashlib.sha256(value).hexdigest()}"
+    msg = (
+        f"Cannot scope idempotency keys by a Ninja principal of type {type(auth).__name__}: "
+        "return a user, a model instance or a token string from authenticate(), or give "
+        "@idempotent a scope_function."
+    )
+    raise ImproperlyConfigured(msg)
+
+
+def _document(operation: Operation, adapter: _Adapter) -> None:
+    """Have Ninja's schema document the header and the answers, as the settings say then."""
+    # Each mounted copy starts from the operation's own extra: Ninja copies the computed one.
+    operation.openapi_extra = _SchemaExtra(operation, adapter, adapter.own_extra)
+
+
+class _SchemaExtra(dict[str, Any]):
+    """The operation's ``openapi_extra``: the operation's own, and what the key adds to it.
+
+    Computed each time the schema is, so that it follows the settings as requests do.
+    """
+
+    def __init__(self, operation: Operation, adapter: _Adapter, own: dict[str, Any]) -> None:
+        super().__init__()
+        self.operation = operation
+        self.adapter = adapter
+        self.own = own
+
+    def _value(self) -> dict[str, Any]:
+        value = {**self.own}
+        added = idempotency_extra(self.adapter.policy(self.operation), self.operation)
+        for key, item in added.items():
+            if isinstance(item, list):
+                value[key] = [*value.get(key, []), *item]
+            elif isinstance(item, dict):
+                value[key] = {**item, **value.get(key, {})}
+            else:
+                value.setdefault(key, item)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._value())
+
+    def __len__(self) -> int:
+        return len(self._value())
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value()[key]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._value()
+
+    def keys(self) -> Any:
+        return self._value().keys()
+
+    def items(self) -> Any:
+        return self._value().items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._value().get(key, default)
+
+
+def idempotency_extra(policy: Policy, operation: Operation) -> dict[str, Any]:
+    """The OpenAPI fragment for an operation under ``policy``: its header and answers."""
+    if not {method.upper() for method in operation.methods} & policy.methods:
+        return {}
+    ttl = policy.ttl
+    header = {
+        "in": "header",
+        "name": idempotency_settings.HEADER,
+        "required": policy.required,
+        "description": (
+            "A unique value for each logical operation, sent again with each retry: a retry "
+            "gets the first answer back, and the operation runs once. "
+            f"1 to {MAX_LENGTH} visible ASCII characters, such as a UUID; a bare key has no "
+            f"comma. The key is kept for {_duration(ttl)} after its first request; after that, "
+            "the same key runs the operation again."
+        ),
+        "schema": _KEY_SCHEMA,
+        "x-idempotency-key-ttl-seconds": int(ttl.total_seconds()),
+    }
+    answers = dict(_ANSWERS)
+    if idempotency_settings.ANONYMOUS == "reject":
+        answers[403] = _ANONYMOUS_ANSWER
+    responses: dict[int, Any] = {}
+    for status, description in answers.items():
+        responses[status] = {
+            "description": description,
+            "content": {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_SCHEMA}},
+        }
+        if status in {409, 503}:
+            responses[status]["headers"] = _RETRY_AFTER
+    for status in operation.response_models:
+        if isinstance(status, int) and 200 <= status < 300:
+            responses[status] = {"headers": _SUCCESS_HEADERS}
+    return {"parameters": [header], "responses": responses}
+
+
+def _duration(ttl: timedelta) -> str:
+    """``ttl`` in the largest unit that says it exactly: "24 hours", "90 minutes"."""
+    seconds = int(ttl.total_seconds())
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds % size == 0 and seconds >= size * (2 if unit == "day" else 1):
+            count = seconds // size
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"

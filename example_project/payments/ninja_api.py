@@ -1,0 +1,76 @@
+"""The payments API's one Django Ninja route: ``POST /ninja/payments/``, safe to retry.
+
+It takes a payment as ``POST /api/payments/`` does, through ``django_idempotency.ninja``: the key
+is resolved after Ninja authenticates the caller, the payment and its ledger entry commit with the
+stored response, and the schema at ``/ninja/openapi.json`` documents the ``Idempotency-Key``
+header and its problem answers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime  # noqa: TC003 - Ninja reads the annotations at runtime
+from typing import Annotated, Any
+
+from django.contrib.auth import authenticate
+from django.http import HttpRequest  # noqa: TC002 - Ninja reads the annotations at runtime
+from ninja import Field, NinjaAPI, Schema, Status
+from ninja.security import HttpBasicAuth, django_auth
+
+from django_idempotency.ninja import idempotent
+from payments import provider
+from payments.models import LedgerEntry, Payment
+
+
+class BasicAuth(HttpBasicAuth):
+    """HTTP Basic, as the DRF views accept it."""
+
+    def authenticate(self, request: HttpRequest, username: str, password: str) -> Any:
+        return authenticate(request, username=username, password=password)
+
+
+class PaymentIn(Schema):
+    amount: Annotated[int, Field(ge=1, le=99_999_999)]
+    currency: Annotated[str, Field(pattern=r"^[A-Za-z]{3}$")]
+    description: Annotated[str, Field(max_length=255)] = ""
+    metadata: dict[str, Any] = {}
+
+
+class PaymentOut(Schema):
+    id: int
+    amount: int
+    currency: str
+    description: str
+    metadata: dict[str, Any]
+    version: int
+    amount_refunded: int
+    provider_reference: str
+    created_at: datetime
+
+
+api = NinjaAPI(
+    title="Payments (Django Ninja)",
+    urls_namespace="ninja",
+    auth=[BasicAuth(), django_auth],
+)
+
+
+@api.post("/payments/", response={201: PaymentOut})
+@idempotent()
+def create_payment(request: HttpRequest, payload: PaymentIn) -> Status[Payment]:
+    """Take a payment: send an ``Idempotency-Key``, and send it again with each retry."""
+    reference = provider.authorize(payload.amount, payload.currency)
+    payment = Payment.objects.create(
+        owner=request.auth,  # type: ignore[attr-defined] # set by Ninja's authentication
+        amount=payload.amount,
+        currency=payload.currency.lower(),
+        description=payload.description,
+        metadata=payload.metadata,
+        provider_reference=reference,
+    )
+    LedgerEntry.objects.create(
+        payment=payment,
+        kind=LedgerEntry.Kind.CHARGE,
+        amount=payment.amount,
+        currency=payment.currency,
+    )
+    return Status(201, payment)
