@@ -3,28 +3,33 @@
 How a block runs depends on what it is:
 
 - **Settings** (only ``NAME = value`` assignments in capitals, and imports): the values are put in
-  place with ``override_settings`` and proved with what reads them: the library's system checks for
-  ``IDEMPOTENCY`` (no error or warning of ours), a request through the ``MIDDLEWARE``, Django's
-  cache handler for ``CACHES``, DRF's settings for ``REST_FRAMEWORK``, ``dictConfig`` in a fresh
-  process for ``LOGGING``, the app registry for ``INSTALLED_APPS``, the backend for ``DATABASES``.
-  A settings block runs as a settings module that already has ``from datetime import timedelta``,
-  as the settings page's first example does; ``...`` in a list or as a dict value stands for the
-  reader's other entries and is left out.
-- **Code**: it runs as a throwaway module (named after a ``# package/module.py`` first line, so its
-  relative imports work), with the reader's own names (``Payment``, ``PaymentSerializer``,
-  ``provider``…, see ``tests/docs_project.py``) given and nothing of the library's. Each
-  ``IdempotentMixin`` view it defines builds its policy, and the blocks listed in ``EXERCISES``
-  are then used as a reader would: their views called over HTTP with the test client, their clients
-  sent to a live local server (``https://ledger.example.com`` is rewritten to it).
-  ``async with``/``await`` at the top level run in an event loop.
-- **Tests** (a block that defines ``test_*`` functions): they run with pytest in a subprocess,
-  against the reader's project of ``tests/docs_project.py``.
+  place with ``override_settings`` and proved by what reads them: the library's system checks (no
+  error or warning of ours) for every settings block, a request through the ``MIDDLEWARE``,
+  Django's cache handler for ``CACHES``, DRF's settings for ``REST_FRAMEWORK``, ``dictConfig`` and
+  a log record in a fresh process for ``LOGGING``, the app registry for ``INSTALLED_APPS``, the
+  backend for ``DATABASES``. A settings block runs as a settings module that already has
+  ``from datetime import timedelta``, as the settings page's first example does; ``...`` in a list
+  or as a dict value stands for the reader's other entries and is left out.
+- **Tests** (a block that defines ``test_*`` functions): they run with pytest, in one subprocess
+  for all such blocks, against the reader's payments API of ``tests/docs_project.py``.
+- **Code** (anything else): it runs as a throwaway module, with the reader's own names
+  (``Payment``, ``PaymentSerializer``, ``provider``..., see ``tests/docs_project.py``) given and
+  nothing of the library's, Django's or Python's. A block whose first line is
+  ``# package/module.py`` is that module: its relative imports work, and other blocks (and dotted
+  paths in settings) import it by that name. ``async with``/``await`` at the top level run in an
+  event loop, and ``https://ledger.example.com`` is a live local server. Every ``IdempotentMixin``
+  view it defines must set only the mixin's options and turn them into a policy; the blocks listed
+  in ``EXERCISES`` are then used as a reader would: views called over HTTP with the test client
+  (the retry replays), app configs made ready, client responses read.
 
-A block that cannot run alone (it continues the previous block, or shows a signature or a
+A block that cannot run alone (it continues the block above it, or shows a signature or a
 placeholder) is marked with an HTML comment, invisible on the rendered page, on the line right
-before its fence::
+before its fence, with an optional reason::
 
     <!-- fragment -->
+    ```python
+
+    <!-- fragment: it continues the block above -->
     ```python
 
 A block that neither runs nor is marked fails, naming its file and line.
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import base64
 import importlib
 import importlib.abc
 import importlib.util
@@ -45,6 +51,7 @@ import subprocess
 import sys
 import threading
 import types
+import uuid
 from collections.abc import Callable, Iterator  # noqa: TC003  (read by pytest at run time)
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,20 +65,27 @@ from xml.etree import ElementTree
 import pytest
 from django.apps import AppConfig
 from django.conf import settings
-from django.contrib.auth.models import AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.core.cache import caches
 from django.core.checks import Warning as CheckWarning
 from django.core.checks import run_checks
 from django.db.utils import load_backend
+from django.http import JsonResponse
 from django.test import Client, override_settings
 from django.test.client import RequestFactory
-from django.urls import clear_url_caches
+from django.urls import clear_url_caches, path
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework.settings import api_settings
 
+from django_idempotency import signals
+from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.inbox import handlers
+from django_idempotency.models import IdempotencyKey, OutboxMessage
 from django_idempotency.outbox import dispatchers
 from tests import docs_project
+from tests.factories import UserFactory
+from tests.testapp.models import Payment
 
 # Pages other work is rewriting right now: their blocks are collected but not yet held to the
 # rule. Pending: remove each page from this list once its samples run or are marked.
@@ -79,7 +93,7 @@ PENDING_PAGES = frozenset({"docs/inbox.md", "docs/operations.md", "docs/admin.md
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FRAGMENT = re.compile(r"^<!-- fragment(?: [^>]*)? -->$")
+FRAGMENT = re.compile(r"^<!-- fragment(?:: [^>]*)? -->$")
 FENCE = re.compile(r"^```python\s*$")
 HEADER = re.compile(r"^# ([\w/]+)\.py\b")
 EXAMPLE_HOST = "https://ledger.example.com"
@@ -97,12 +111,12 @@ class Block:
         return f"{self.page}:{self.line}"
 
 
-def blocks() -> Iterator[Block]:
-    for page in PAGES:
+def blocks(pages: list[Path] = PAGES, root: Path = ROOT) -> Iterator[Block]:
+    for page in pages:
         if page.is_symlink():  # docs/changelog.md is CHANGELOG.md
             continue
         lines = page.read_text().splitlines()
-        name = page.relative_to(ROOT).as_posix()
+        name = page.relative_to(root).as_posix()
         index = 0
         while index < len(lines):
             if FENCE.match(lines[index]):
@@ -114,9 +128,16 @@ def blocks() -> Iterator[Block]:
             index += 1
 
 
-def params() -> list[Any]:
+def commits(block: Block) -> bool:
+    """Lease mode commits the key before the view runs: not inside a test's transaction."""
+    return bool(re.search(r"""mode\s*=\s*["']lease""", block.code))
+
+
+def params(*, committing: bool = False) -> list[Any]:
     found = []
     for block in blocks():
+        if commits(block) != committing:
+            continue
         marks = []
         if block.page in PENDING_PAGES:
             marks.append(pytest.mark.skip(reason=f"{block.page} is pending"))
@@ -336,7 +357,7 @@ class DocsFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if name and not block.fragment and block.page not in PENDING_PAGES:
                 self.files.setdefault(name, []).append(block)
 
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+    def find_spec(self, fullname: str, search: Any, target: Any = None) -> Any:
         if fullname in self.files:
             return importlib.util.spec_from_loader(fullname, self)
         if any(name.startswith(fullname + ".") for name in self.files):
@@ -391,11 +412,18 @@ def build_policies(module: types.ModuleType) -> None:
     """Every idempotent view of the module turns its options into a policy, as a request would."""
     for _, value in defined_here(module):
         if isinstance(value, type) and issubclass(value, IdempotentMixin):
-            request = RequestFactory().post("/")
-            request.user = AnonymousUser()
-            view = value()
-            view.setup(request)
-            view.get_idempotency_policy()
+            unknown = [
+                name
+                for name in vars(value)
+                if name.startswith("idempotency_") and not hasattr(IdempotentMixin, name)
+            ]
+            assert not unknown, f"{value.__name__} sets no option of the mixin: {unknown}"
+            for user in (AnonymousUser(), User(username="staff", is_staff=True)):
+                request = RequestFactory().post("/")
+                request.user = user
+                view = value()
+                view.setup(request)
+                view.get_idempotency_policy()
 
 
 def routed(*patterns: Any) -> Any:
@@ -407,17 +435,126 @@ def routed(*patterns: Any) -> Any:
     return override_settings(ROOT_URLCONF=urls.__name__)
 
 
-EXERCISES: dict[tuple[str, str], Callable[..., None]] = {}
+EXERCISES: dict[tuple[str, str], Callable[[types.ModuleType, Client], None]] = {}
 
 
-def exercise(page: str, name: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """Register how a block that defines ``name`` on ``page`` is used once it ran."""
+def exercise(
+    page: str, excerpt: str
+) -> Callable[[Callable[[types.ModuleType, Client], None]], Callable[..., None]]:
+    """Register how the block of ``page`` whose code holds ``excerpt`` is used once it ran."""
 
-    def register(function: Callable[..., None]) -> Callable[..., None]:
-        EXERCISES[(page, name)] = function
+    def register(function: Callable[[types.ModuleType, Client], None]) -> Callable[..., None]:
+        EXERCISES[(page, excerpt)] = function
         return function
 
     return register
+
+
+def basic_auth() -> dict[str, str]:
+    user = UserFactory()
+    token = base64.b64encode(f"{user.username}:password".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+def post_twice(
+    client: Client, url: str, data: dict[str, Any], headers: dict[str, str] | None = None
+) -> tuple[Any, Any]:
+    """A POST and its retry with the same key: the first is stored, the retry replays it."""
+    headers = {**(headers or {}), "Idempotency-Key": str(uuid.uuid4())}
+    first, retry = (
+        client.post(url, data, content_type="application/json", headers=headers) for _ in "12"
+    )
+    assert first.status_code == 201, first.content
+    assert first["Idempotency-Status"] == "stored"
+    assert retry["Idempotency-Status"] == "replayed"
+    assert retry.content == first.content
+    return first, retry
+
+
+@exercise("README.md", "class PaymentCreateView(")
+def readme_create_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("payments/", module.PaymentCreateView.as_view())):
+        post_twice(client, "/payments/", {"amount": 500, "currency": "EUR"}, basic_auth())
+    assert Payment.objects.count() == 1
+
+
+@exercise("README.md", 'publish("order.paid"')
+def readme_publish(module: types.ModuleType, client: Client) -> None:
+    (message,) = OutboxMessage.objects.all()
+    assert (message.topic, message.payload, message.ordering_key) == (
+        "order.paid",
+        {"order": 7},
+        "order-7",
+    )
+
+
+@exercise("docs/quickstart.md", "urlpatterns = [")
+def quickstart_urls(module: types.ModuleType, client: Client) -> None:
+    with routed(*module.urlpatterns):
+        post_twice(client, "/api/payments/", {"amount": 1000, "currency": "EUR"}, basic_auth())
+    assert Payment.objects.count() == 1
+
+
+@exercise("docs/quickstart.md", "def create_payment(request):")
+def quickstart_plain_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("payments/", module.create_payment)):
+        first, _ = post_twice(client, "/payments/", {"amount": 1000, "currency": "EUR"})
+    assert first.json() == {"id": Payment.objects.get().pk, "amount": 1000}
+
+
+@exercise("docs/views.md", "async def create_payment(request):")
+def async_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("payments/", module.create_payment)):
+        post_twice(client, "/payments/", {"amount": 1000})
+    assert Payment.objects.count() == 1
+
+
+@exercise("docs/concepts.md", "class ChargeView(")
+def lease_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("charges/", module.ChargeView.as_view())):
+        first, _ = post_twice(client, "/charges/", {"amount": 700}, basic_auth())
+    assert first.json()["charge"] in {
+        charge.id for charge in docs_project.provider.charges.values()
+    }
+
+
+@exercise("docs/views.md", "def tenant_scope(request, route):")
+def tenant_scope(module: types.ModuleType, client: Client) -> None:
+    @csrf_exempt
+    @idempotent(scope_function=module.tenant_scope)
+    def create_payment(request: Any, tenant: str) -> JsonResponse:
+        return JsonResponse({"tenant": tenant}, status=201)
+
+    with routed(path("t/<slug:tenant>/payments/", create_payment)):
+        post_twice(client, "/t/acme/payments/", {"amount": 1})
+    (key,) = IdempotencyKey.objects.all()
+    assert key.scope == "anonymous tenant:acme POST t/<slug:tenant>/payments/", key.scope
+
+
+@exercise("docs/observability.md", "def metrics(request):")
+def metrics_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("metrics/", module.metrics)):
+        response = client.get("/metrics/")
+    assert response.status_code == 200
+    assert b"idempotency" in response.content
+
+
+@exercise("docs/observability.md", "class PaymentsConfig(")
+@exercise("docs/outbox.md", "class OrdersConfig(")
+def app_config_ready(module: types.ModuleType, client: Client) -> None:
+    receivers = signals.payload_mismatch.receivers[:]
+    registered = dict(dispatchers._registry)
+    config = next(value for _, value in defined_here(module) if isinstance(value, type))
+    config.ready(None)  # imports the module it names: the docs show that module too
+    assert (dispatchers._registry, signals.payload_mismatch.receivers) != (registered, receivers)
+
+
+@exercise("docs/client.md", "with retrying_client(")
+@exercise("docs/client.md", "async with retrying_async_client(")
+@exercise("docs/client.md", "with retrying_session(")
+def client_response(module: types.ModuleType, client: Client) -> None:
+    assert module.response.status_code == 200  # from the local ledger service
+    assert module.response.json()["path"].startswith("/")
 
 
 def defines_tests(tree: ast.Module) -> bool:
@@ -435,9 +572,8 @@ def readers_project() -> None:
     docs_project.install()
 
 
-@pytest.mark.django_db(transaction=False)
-@pytest.mark.parametrize("block", params())
-def test_every_python_block_runs(block: Block, client: Client, ledger: str, request: Any) -> None:
+def run_block(block: Block, client: Client, ledger: str, request: Any) -> None:
+    """Run ``block`` as its kind asks; fail naming its file and line if it does not run."""
     try:
         tree = ast.parse(block.code)
     except SyntaxError as error:
@@ -452,14 +588,26 @@ def test_every_python_block_runs(block: Block, client: Client, ledger: str, requ
                 return
             module = run_code(block, ledger)
             build_policies(module)
-            for (page, name), function in EXERCISES.items():
-                if page == block.page and name in vars(module):
-                    function(module, client=client, ledger=ledger)
+            for (page, excerpt), function in EXERCISES.items():
+                if page == block.page and excerpt in block.code:
+                    function(module, client)
     except Exception as error:
-        raise AssertionError(
+        pytest.fail(
             f"{block.where} does not run: {type(error).__name__}: {error}; "
             "fix the sample, or mark it <!-- fragment --> if it cannot run alone"
-        ) from error
+        )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("block", params())
+def test_every_python_block_runs(block: Block, client: Client, ledger: str, request: Any) -> None:
+    run_block(block, client, ledger, request)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("block", params(committing=True))
+def test_every_committing_python_block_runs(block, client, ledger, request):
+    run_block(block, client, ledger, request)
 
 
 def test_the_blocks_are_found():
@@ -469,10 +617,49 @@ def test_the_blocks_are_found():
     assert {block.page for block in found} >= {"README.md", "docs/views.md", "docs/settings.md"}
 
 
-def test_a_fragment_marker_must_be_right_before_the_fence(tmp_path):
-    assert FRAGMENT.match("<!-- fragment -->")
-    assert FRAGMENT.match("<!-- fragment continues the block above -->")
-    assert not FRAGMENT.match("<!-- fragmentary -->")
+@pytest.mark.parametrize(("page", "excerpt"), sorted(EXERCISES))
+def test_every_exercise_finds_its_block(page, excerpt):
+    assert [b for b in blocks() if b.page == page and excerpt in b.code and not b.fragment]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        ("from django_idempotency.drf import IdempotentMixn\n", "ImportError"),
+        ('IDEMPOTENCY = {"TTL": -1}\n', "django_idempotency.E006"),
+        ('IDEMPOTENCY = {"HEADER": "X-Key"}\nSPAM = 1\n', "no way to prove"),
+        ("publish(topic, payload, *, headers=None)\n", "not Python"),
+        (
+            "from rest_framework.views import APIView\n"
+            "from django_idempotency.drf import IdempotentMixin\n"
+            "class V(IdempotentMixin, APIView):\n    idempotency_tll = 60\n",
+            "idempotency_tll",
+        ),
+    ],
+)
+def test_a_block_that_does_not_run_fails_with_its_file_and_line(
+    code, error, client, ledger, request
+):
+    block = Block("docs/example.md", 12, code, fragment=False)
+    with pytest.raises(pytest.fail.Exception, match=rf"docs/example\.md:12(.|\n)*{error}"):
+        run_block(block, client, ledger, request)
+
+
+def test_a_fragment_is_marked_on_the_line_right_before_its_fence(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "Text.\n\n<!-- fragment -->\n```python\nfirst = ...\n```\n\n"
+        "<!-- fragment -->\n\n```python\nsecond = 2\n```\n\n"
+        "<!-- fragmentary -->\n```python\nthird = 3\n```\n\n"
+        "<!-- fragment: it continues the block above -->\n```python\nfourth = 4\n```\n"
+    )
+    assert [(b.line, b.code, b.fragment) for b in blocks([page], tmp_path)] == [
+        (4, "first = ...\n", True),
+        (10, "second = 2\n", False),
+        (15, "third = 3\n", False),
+        (20, "fourth = 4\n", True),
+    ]
 
 
 SAMPLES_CONFTEST = """
