@@ -75,6 +75,7 @@ from django.test import Client, override_settings
 from django.test.client import RequestFactory
 from django.urls import clear_url_caches, path
 from django.views.decorators.csrf import csrf_exempt
+from rest_framework.decorators import api_view, permission_classes
 from rest_framework.settings import api_settings
 
 from django_idempotency import signals
@@ -85,7 +86,7 @@ from django_idempotency.models import IdempotencyKey, OutboxMessage
 from django_idempotency.outbox import dispatchers
 from tests import docs_project
 from tests.factories import UserFactory
-from tests.testapp.models import Payment
+from tests.testapp.models import LedgerEntry, Payment
 
 # Pages other work is rewriting right now: their blocks are collected but not yet held to the
 # rule. Pending: remove each page from this list once its samples run or are marked.
@@ -529,6 +530,31 @@ def tenant_scope(module: types.ModuleType, client: Client) -> None:
         post_twice(client, "/t/acme/payments/", {"amount": 1})
     (key,) = IdempotencyKey.objects.all()
     assert key.scope == "anonymous tenant:acme POST t/<slug:tenant>/payments/", key.scope
+
+
+@exercise("docs/errors.md", "class CardDeclined(")
+def own_problem(module: types.ModuleType, client: Client) -> None:
+    @api_view(["POST"])
+    @permission_classes([])
+    def pay(request: Any) -> None:
+        raise module.CardDeclined
+
+    handler = "django_idempotency.drf_errors.problem_exception_handler"
+    rest_framework = {**settings.REST_FRAMEWORK, "EXCEPTION_HANDLER": handler}
+    with routed(path("pay/", pay)), override_settings(REST_FRAMEWORK=rest_framework):
+        response = client.post("/pay/")
+    assert response.status_code == 402
+    assert response["Content-Type"] == "application/problem+json"
+    assert response.json()["code"] == "payment.card_declined"
+
+
+@exercise("docs/ninja.md", "def create_payment(request, payload: PaymentIn):")
+def ninja_view(module: types.ModuleType, client: Client) -> None:
+    client.force_login(UserFactory())
+    with routed(path("api/", module.api.urls)):
+        first, _ = post_twice(client, "/api/payments/", {"amount": 5, "currency": "EUR"})
+    assert first.json() == {"id": Payment.objects.get().pk, "amount": 5, "currency": "EUR"}
+    assert LedgerEntry.objects.count() == 1
 
 
 @exercise("docs/observability.md", "def metrics(request):")
