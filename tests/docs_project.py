@@ -18,7 +18,6 @@ from django.db import models
 from django.urls import path
 from rest_framework import generics, serializers
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
-from rest_framework.response import Response
 
 from django_idempotency.drf import IdempotentMixin
 from tests.testapp.models import Document, LedgerEntry, Payment, Refund
@@ -107,16 +106,13 @@ PROJECT: dict[str, Any] = {
     "PaymentSerializer": PaymentSerializer,
     "LedgerEntry": LedgerEntry,
     "Refund": Refund,
-    "Invoice": Refund,
     "Note": Document,
-    "Order": Payment,
     "order": Order(),
     "provider": provider,
     "ledger": Recorder(),
     "event_bus": Recorder(),
     "Balance": Balance,
     "cached_balance": cached_balance,
-    "Response": Response,
 }
 
 
@@ -158,4 +154,3 @@ def install(*, api: bool = False) -> None:
     module("payments.serializers", PaymentSerializer=PaymentSerializer)
     module("payments.reconcile", ask_the_provider=ask_the_provider)
     module("billing.models", Invoice=Refund)
-    module("orders.models", Order=Payment)

@@ -251,7 +251,8 @@ PROVE: dict[str, Callable[[Any, Client], None]] = {
 
 def run_settings(block: Block, client: Client) -> None:
     namespace: dict[str, Any] = {"timedelta": timedelta}
-    exec(compile(block.code, block.where, "exec"), namespace)  # noqa: S102  (the docs' own samples)
+    code = compile(block.code, block.where, "exec", dont_inherit=True)
+    exec(code, namespace)  # noqa: S102  (the docs' own samples)
     values = {
         name: without_placeholders(value)
         for name, value in namespace.items()
@@ -326,6 +327,7 @@ def run_code(block: Block, ledger: str) -> types.ModuleType:
         block.code.replace(EXAMPLE_HOST, ledger),
         block.where,
         "exec",
+        dont_inherit=True,
         flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT,
     )
     try:
@@ -377,7 +379,8 @@ class DocsFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         ]
         block = before[-1] if before else candidates[0]
         module.__dict__.update(docs_project.PROJECT)
-        code = compile(block.code.replace(EXAMPLE_HOST, self.ledger), block.where, "exec")
+        source = block.code.replace(EXAMPLE_HOST, self.ledger)
+        code = compile(source, block.where, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102  (the docs' own samples)
 
 
@@ -594,8 +597,13 @@ def defines_tests(tree: ast.Module) -> bool:
 
 
 @pytest.fixture(autouse=True, scope="module")
-def readers_project() -> None:
+def readers_project() -> Iterator[None]:
+    modules = set(sys.modules)
     docs_project.install()
+    yield
+    for name in set(sys.modules) - modules:
+        if name.partition(".")[0] in READERS_PACKAGES:
+            del sys.modules[name]
 
 
 def run_block(block: Block, client: Client, ledger: str, request: Any) -> None:
