@@ -492,6 +492,19 @@ def readme_publish(module: types.ModuleType, client: Client) -> None:
     )
 
 
+@exercise("docs/outbox.md", "def mark_paid(order):")
+def outbox_mark_paid(module: types.ModuleType, client: Client) -> None:
+    order = docs_project.Order(pk=42, amount_cents=990)
+    module.mark_paid(order)
+    (message,) = OutboxMessage.objects.all()
+    assert (message.topic, message.payload, message.ordering_key) == (
+        "order.paid",
+        {"order_id": 42, "amount_cents": 990},
+        "order-42",
+    )
+    assert order.status == "paid"
+
+
 @exercise("docs/quickstart.md", "urlpatterns = [")
 def quickstart_urls(module: types.ModuleType, client: Client) -> None:
     with routed(*module.urlpatterns):
