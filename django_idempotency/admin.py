@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import defaultdict
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db import router
+from django.db import connections, router
+from django.db.models import Q
 from django.shortcuts import redirect
-from django.urls import path
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
 from django.utils.html import format_html, format_html_join
@@ -31,7 +36,8 @@ from django_idempotency.store import KeyStore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from django.db.models import QuerySet
+    from django.contrib.admin.views.main import ChangeList
+    from django.db.models import Model, QuerySet
     from django.http import HttpRequest, HttpResponse
     from django.urls import URLPattern
     from django.utils.functional import _StrPromise
@@ -48,20 +54,38 @@ SHOWN_BODY_BYTES = 64 * 1024
 PURGE_SECONDS = 10.0
 
 
-class ExpiredFilter(admin.SimpleListFilter):
-    title = _("expired")
-    parameter_name = "expired"
+class ExpiresFilter(admin.SimpleListFilter):
+    """When keys expire: each choice is a range that the expiry index serves."""
+
+    title = _("expires")
+    parameter_name = "expires"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        # No "No": on a large table of live keys it would walk the expiry index end to end.
-        return [("yes", _("Yes"))]
+        # No "not expired": on a large table of live keys it would walk the expiry index end
+        # to end.
+        return [
+            ("expired", _("Expired")),
+            ("hour", _("Within an hour")),
+            ("today", _("Today")),
+            ("week", _("This week")),
+        ]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> QuerySet[IdempotencyKey]:
-        if self.value() == "yes":
-            return queryset.filter(expires_at__lte=timezone.now())
-        return queryset
+        now = timezone.now()
+        if self.value() == "expired":
+            return queryset.filter(expires_at__lte=now)
+        midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+        until = {
+            "hour": now + timedelta(hours=1),
+            "today": midnight + timedelta(days=1),
+            # Weeks start on Monday, as ISO 8601 has them.
+            "week": midnight + timedelta(days=7 - midnight.weekday()),
+        }.get(self.value() or "")
+        if until is None:
+            return queryset
+        return queryset.filter(expires_at__gt=now, expires_at__lte=until)
 
 
 class StuckLeaseFilter(admin.SimpleListFilter):
@@ -94,6 +118,45 @@ class MethodFilter(admin.SimpleListFilter):
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> QuerySet[IdempotencyKey]:
         return queryset.filter(method=self.value()) if self.value() else queryset
+
+
+# Longer keys are cut to this many characters in the list; the full key is in the cell's title
+# and on the key's page. A UUID keeps its first two groups (the demo prints its first eight).
+KEY_SHOWN = 13
+
+
+def _short_key(key: str) -> str:
+    return key if len(key) <= KEY_SHOWN + 3 else f"{key[:KEY_SHOWN]}…"
+
+
+def _principal(scope: str) -> str:
+    """The principal part of a scope the default scope function built: ``auth.user:1``."""
+    return scope.split(" ", 1)[0]
+
+
+def _principal_target(principal: str) -> tuple[type[Model], Any] | None:
+    """The model and primary key a principal such as ``auth.user:1`` names, if it names one."""
+    label, _colon, pk = principal.rpartition(":")
+    if "." not in label:
+        return None
+    try:
+        model = apps.get_model(label)
+        return model, model._meta.pk.to_python(pk)
+    except (LookupError, ValueError, ValidationError):
+        return None
+
+
+def _prefix(field: str, prefix: str, vendor: str) -> Q:
+    """Rows whose ``field`` starts with ``prefix``, case-sensitively, in a form an index serves.
+
+    PostgreSQL: ``LIKE 'prefix%'``, which an index with a pattern operator class serves (see
+    migration 0007). MariaDB (binary collation, migration 0005) and SQLite compare byte for
+    byte, so a range on the field's plain index is the prefix; SQLite's LIKE would ignore case.
+    """
+    if vendor == "postgresql" or not prefix:
+        return Q(**{f"{field}__startswith": prefix})
+    after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return Q(**{f"{field}__gte": prefix, f"{field}__lt": after})
 
 
 def _header_table(headers: dict[str, str]) -> str:
@@ -165,6 +228,11 @@ class _ReadOnlyAdmin(_ModelAdmin):
     def kept_headers(self, obj: Any) -> str:
         return _header_table(obj.headers)
 
+    @admin.display(description=_("last error"))
+    def error(self, obj: Any) -> str:
+        # Shown as the traceback is when there is none, rather than as Django's "-".
+        return str(obj.last_error) or "—"
+
     def _act(
         self,
         request: HttpRequest,
@@ -192,10 +260,11 @@ class _ReadOnlyAdmin(_ModelAdmin):
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ReadOnlyAdmin):
-    # The scope names the principal as well as the method and route: one key may serve several.
+    # Who, and the operation: the scope names both, and one key may serve several.
     list_display = [
-        "key",
-        "scope",
+        "short_key",
+        "who",
+        "operation",
         "state",
         "response_status",
         "created_at",
@@ -205,20 +274,15 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
     # Dates by expiry, as ranges the expiry index serves. Not date_hierarchy: it lists the
     # distinct days by reading every row (half a second at 1,000,000 keys). Not by creation:
     # that would need one more index, updated by every request.
-    list_filter = [
-        "state",
-        ExpiredFilter,
-        StuckLeaseFilter,
-        MethodFilter,
-        ("expires_at", admin.DateFieldListFilter),
-    ]
+    list_filter = ["state", ExpiresFilter, StuckLeaseFilter, MethodFilter]
     search_fields = ["key"]
-    # Case-sensitive: a key is an opaque token.
-    exact_search_field = "key"
-    search_help_text = _("The exact Idempotency-Key.")
+    search_help_text = _(
+        "A key or its first characters (case-sensitive); a username for that user's keys; "
+        "route: and the start of a route pattern for its keys (route:payments/)."
+    )
     actions = ["release_expired_leases", "delete_expired"]
     fieldsets = [
-        (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
+        (None, {"fields": ["key", "who", "scope", "method", "route", "state", "fingerprint"]}),
         (
             _("Stored response"),
             {"fields": ["response_status", "stored_headers", "stored_body"]},
@@ -239,6 +303,83 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
             },
         ),
     ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # Each form is one condition that an index serves, but the route's: an OR of them
+        # would read the whole table.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        vendor = connections[queryset.db].vendor
+        if term.startswith("route:"):
+            route = term.removeprefix("route:").strip().lstrip("/")
+            return queryset.filter(_prefix("route", route, vendor)), False
+        users = get_user_model()
+        user = users._default_manager.filter(**{users.USERNAME_FIELD: term}).first()
+        if user is not None:
+            # What get_principal() puts before the method.
+            principal = f"{user._meta.label_lower}:{user.pk} "
+            return queryset.filter(_prefix("scope", principal, vendor)), False
+        if not term.isascii() or not term.isprintable() or " " in term:
+            return queryset.none(), False  # no key has such characters
+        return queryset.filter(_prefix("key", term, vendor)), False
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        changelist = super().get_changelist_instance(request)
+        self._name_principals(request, changelist.result_list)
+        return changelist
+
+    def _name_principals(self, request: HttpRequest, keys: Any) -> None:
+        """Name each key's principal, with one query per kind of principal on the page."""
+        wanted: dict[type[Model], dict[Any, list[IdempotencyKey]]] = defaultdict(dict)
+        for key in keys:
+            principal = _principal(key.scope)
+            key._principal = (principal, None)
+            if target := _principal_target(principal):
+                model, pk = target
+                wanted[model].setdefault(pk, []).append(key)
+        for model, by_pk in wanted.items():
+            url_name = f"admin:{model._meta.app_label}_{model._meta.model_name}_change"
+            model_admin = self.admin_site._registry.get(model)
+            linked = model_admin is not None and model_admin.has_view_or_change_permission(request)
+            for obj in model._default_manager.filter(pk__in=by_pk):
+                name = obj.get_username() if hasattr(obj, "get_username") else str(obj)
+                url = None
+                if linked:
+                    try:
+                        url = reverse(url_name, args=[obj.pk], current_app=self.admin_site.name)
+                    except NoReverseMatch:
+                        url = None
+                for key in by_pk.get(obj.pk, []):
+                    key._principal = (name, url)  # type: ignore[attr-defined]
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> IdempotencyKey | None:
+        key = super().get_object(request, object_id, from_field)
+        if key is not None:
+            self._name_principals(request, [key])
+        return key
+
+    @admin.display(description=_("key"), ordering="key")
+    def short_key(self, obj: IdempotencyKey) -> str:
+        return format_html(
+            '<span class="idempotency-key" title="{}">{}</span>', obj.key, _short_key(obj.key)
+        )
+
+    @admin.display(description=_("who"))
+    def who(self, obj: IdempotencyKey) -> str:
+        """The principal as a person reads it: a username, linked to the user's page."""
+        name, url = getattr(obj, "_principal", (_principal(obj.scope), None))
+        if url:
+            return format_html('<a href="{}">{}</a>', url, name)
+        return name
+
+    @admin.display(description=_("operation"), ordering="route")
+    def operation(self, obj: IdempotencyKey) -> str:
+        return f"{obj.method} {obj.route}"
 
     def get_urls(self) -> list[URLPattern]:
         purge = path(
@@ -356,7 +497,9 @@ class InboxEventAdmin(_ReadOnlyAdmin):
         "event_type",
         "status",
         "attempts",
+        "deliveries",
         "received_at",
+        "last_delivered_at",
         "next_attempt_at",
         "processed_at",
     ]
@@ -368,16 +511,26 @@ class InboxEventAdmin(_ReadOnlyAdmin):
     actions = ["reprocess", "retry_now", "mark_dead"]
     fieldsets = [
         (None, {"fields": ["source", "event_id", "event_type", "status", "payload_hash"]}),
-        (_("Delivery"), {"fields": ["pretty_payload", "kept_headers"]}),
+        (
+            _("Delivery"),
+            {
+                "fields": [
+                    "pretty_payload",
+                    "kept_headers",
+                    "deliveries",
+                    "received_at",
+                    "last_delivered_at",
+                ]
+            },
+        ),
         (
             _("Processing"),
             {
                 "fields": [
                     "attempts",
-                    "received_at",
                     "next_attempt_at",
                     "processed_at",
-                    "last_error",
+                    "error",
                     "traceback",
                 ]
             },
@@ -443,7 +596,7 @@ class OutboxMessageAdmin(_ReadOnlyAdmin):
                     "created_at",
                     "next_attempt_at",
                     "dispatched_at",
-                    "last_error",
+                    "error",
                 ]
             },
         ),
