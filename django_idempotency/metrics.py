@@ -11,6 +11,9 @@ example project's view) exposes them too:
   requests, the view's own time left out;
 - ``django_idempotency_inbox_events_total{source, outcome}``: webhook inbox steps
   (``received``, ``duplicate``, ``conflict``, ``processed``, ``failed``, ``dead``);
+- ``django_idempotency_inbox_refused_total{source, reason}``: deliveries refused before
+  anything was recorded, by the problem's code (``inbox.signature_invalid`` for a forged or
+  tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_inbox_due_events``,
   ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
@@ -69,10 +72,20 @@ INBOX_EVENTS = Counter(
     ["source", "outcome"],
 )
 
+INBOX_REFUSED = Counter(
+    "django_idempotency_inbox_refused",
+    "Webhook deliveries refused before anything was recorded, by source and reason.",
+    ["source", "reason"],
+)
+
 
 def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
     REQUESTS.labels(outcome=outcome, route=route or "").inc()
     OVERHEAD.labels(outcome=outcome).observe(overhead)
+
+
+def _count_refusal(*, source: str, reason: str, **_: Any) -> None:
+    INBOX_REFUSED.labels(source=source, reason=reason).inc()
 
 
 def _inbox_receiver(outcome: str) -> Any:
@@ -201,6 +214,9 @@ def _connect() -> None:
         signal.connect(
             _inbox_receiver(outcome), dispatch_uid="django_idempotency.metrics", weak=False
         )
+    signals.inbox_delivery_refused.connect(
+        _count_refusal, dispatch_uid="django_idempotency.metrics", weak=False
+    )
     REGISTRY.register(BacklogCollector())
     if _CLIENT:
         REGISTRY.register(CircuitCollector())
