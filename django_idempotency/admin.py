@@ -184,6 +184,8 @@ class _ReadOnlyAdmin(_ModelAdmin):
     # A count of a large, busy table is a full scan; the pager does without it.
     show_full_result_count = False
     list_per_page = 50
+    # One dash for every empty field: Django's own "-" beside our "—" read as two meanings.
+    empty_value_display = "—"
     # The one field the search box matches exactly: only an exact match can use its index
     # (the default search would scan every row).
     exact_search_field = "id"

@@ -308,6 +308,27 @@ def test_the_inbox_detail_page_shows_the_payload_headers_and_error(admin_client,
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_inbox_shows_how_often_an_event_was_delivered_and_when_last(admin_client, events):
+    deliver(refund_event("evt_ok", amount=42))
+    deliver(refund_event("evt_ok", amount=42))
+    ok = InboxEvent.objects.get(event_id="evt_ok")
+
+    listed = {
+        event.event_id: event.deliveries
+        for event in admin_client.get(INBOX).context["cl"].result_list
+    }
+    page = admin_client.get(f"{INBOX}{ok.pk}/change/").content.decode()
+
+    assert listed == {"evt_ok": 3, "evt_failed": 1, "evt_dead": 1}
+    assert "Deliveries" in admin_client.get(INBOX).content.decode()
+    assert ok.last_delivered_at > ok.received_at
+    assert "Last delivered at" in page
+    # No error: a dash, as for the traceback.
+    assert '<div class="readonly">—</div>' in page
+    assert '<div class="readonly">-</div>' not in page
+
+
+@pytest.mark.django_db(transaction=True)
 def test_inbox_events_cannot_be_added_or_deleted(admin_client, events):
     assert admin_client.get(f"{INBOX}add/").status_code == 403
     assert admin_client.get(f"{INBOX}{events['evt_dead'].pk}/delete/").status_code == 403
