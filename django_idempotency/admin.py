@@ -23,6 +23,7 @@ from django.shortcuts import redirect
 from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
@@ -35,6 +36,7 @@ from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from datetime import datetime
 
     from django.contrib.admin.views.main import ChangeList
     from django.db.models import Model, QuerySet
@@ -125,8 +127,34 @@ class MethodFilter(admin.SimpleListFilter):
 KEY_SHOWN = 13
 
 
-def _short_key(key: str) -> str:
-    return key if len(key) <= KEY_SHOWN + 3 else f"{key[:KEY_SHOWN]}…"
+def _short_id(value: str, shown: int = KEY_SHOWN) -> str:
+    """``value`` in a monospace cell, cut to ``shown`` characters; whole in its title."""
+    short = value if len(value) <= shown + 3 else f"{value[:shown]}…"
+    return format_html('<span class="idempotency-id" title="{}">{}</span>', value, short)
+
+
+def _moment(moment: datetime) -> str:
+    """A time in a list's narrow column, to the minute; its page shows it in full."""
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        date_format(timezone.localtime(moment), "DATETIME_FORMAT"),
+        # No year: keys live a day, and events and messages days.
+        date_format(timezone.localtime(moment), "j M H:i"),
+    )
+
+
+def _moment_column(model: type[Model], name: str) -> Callable[[Any], str]:
+    """A list column showing the time in ``name`` as :func:`_moment` does."""
+    field = model._meta.get_field(name)
+
+    @admin.display(description=field.verbose_name, ordering=name)  # type: ignore[union-attr] # a concrete field
+    def column(obj: Any) -> str:
+        moment = getattr(obj, name)
+        return "—" if moment is None else _moment(moment)
+
+    column.__name__ = name  # the cells' class: field-<name>
+    return column
 
 
 def _principal(scope: str) -> str:
@@ -183,6 +211,8 @@ class _ReadOnlyAdmin(_ModelAdmin):
     ordering = ["-id"]
     # A count of a large, busy table is a full scan; the pager does without it.
     show_full_result_count = False
+    # Nor the filters' counts ("Show counts"): one count of the table per choice.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
     # One dash for every empty field: Django's own "-" beside our "—" read as two meanings.
     empty_value_display = "—"
@@ -206,6 +236,14 @@ class _ReadOnlyAdmin(_ModelAdmin):
         if value is None:
             return queryset.none(), False
         return queryset.filter(**{self.exact_search_field: value}), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The lists need the width: at 1366 pixels, beside the site's navigation and the
+        # filters, their last columns would scroll out of sight. The breadcrumbs lead back.
+        extra_context = {"is_nav_sidebar_enabled": False, **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # What a client was told, what arrived, what left: evidence, so nothing is editable.
@@ -268,9 +306,9 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
         "who",
         "operation",
         "state",
-        "response_status",
-        "created_at",
-        "expires_at",
+        "status",
+        "created",
+        "expires",
         "replay_count",
     ]
     # Dates by expiry, as ranges the expiry index serves. Not date_hierarchy: it lists the
@@ -367,9 +405,7 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
 
     @admin.display(description=_("key"), ordering="key")
     def short_key(self, obj: IdempotencyKey) -> str:
-        return format_html(
-            '<span class="idempotency-key" title="{}">{}</span>', obj.key, _short_key(obj.key)
-        )
+        return _short_id(obj.key)
 
     @admin.display(description=_("who"))
     def who(self, obj: IdempotencyKey) -> str:
@@ -381,7 +417,23 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
 
     @admin.display(description=_("operation"), ordering="route")
     def operation(self, obj: IdempotencyKey) -> str:
-        return f"{obj.method} {obj.route}"
+        # A long route pattern is cut by the style sheet; the title holds it whole.
+        operation = f"{obj.method} {obj.route}"
+        return format_html(
+            '<span class="idempotency-route" title="{}">{}</span>', operation, operation
+        )
+
+    @admin.display(description=_("status"), ordering="response_status")
+    def status(self, obj: IdempotencyKey) -> int | None:
+        return obj.response_status
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created(self, obj: IdempotencyKey) -> str:
+        return _moment(obj.created_at)
+
+    @admin.display(description=_("expires at"), ordering="expires_at")
+    def expires(self, obj: IdempotencyKey) -> str:
+        return _moment(obj.expires_at)
 
     def get_urls(self) -> list[URLPattern]:
         purge = path(
@@ -494,16 +546,17 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
 @admin.register(InboxEvent)
 class InboxEventAdmin(_ReadOnlyAdmin):
     list_display = [
-        "event_id",
+        "short_event_id",
         "source",
         "event_type",
         "status",
         "attempts",
         "deliveries",
-        "received_at",
-        "last_delivered_at",
-        "next_attempt_at",
-        "processed_at",
+        *(
+            _moment_column(InboxEvent, name)
+            # Not when it was processed: its status says whether, its page says when.
+            for name in ("received_at", "last_delivered_at", "next_attempt_at")
+        ),
     ]
     list_filter = ["status", "source", "event_type"]
     search_fields = ["event_id"]
@@ -541,6 +594,10 @@ class InboxEventAdmin(_ReadOnlyAdmin):
 
     # A deleted event would be processed again when its sender redelivers it: no deleting.
 
+    @admin.display(description=_("event id"), ordering="event_id")
+    def short_event_id(self, obj: InboxEvent) -> str:
+        return _short_id(obj.event_id, shown=24)
+
     @admin.display(description=_("last traceback"))
     def traceback(self, obj: InboxEvent) -> str:
         return format_html("<pre>{}</pre>", obj.last_traceback) if obj.last_traceback else "—"
@@ -572,14 +629,15 @@ class InboxEventAdmin(_ReadOnlyAdmin):
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(_ReadOnlyAdmin):
     list_display = [
-        "message_id",
+        "short_message_id",
         "topic",
         "ordering_key",
         "status",
         "attempts",
-        "created_at",
-        "next_attempt_at",
-        "dispatched_at",
+        *(
+            _moment_column(OutboxMessage, name)
+            for name in ("created_at", "next_attempt_at", "dispatched_at")
+        ),
     ]
     list_filter = ["status", "topic"]
     search_fields = ["message_id"]
@@ -609,6 +667,10 @@ class OutboxMessageAdmin(_ReadOnlyAdmin):
             return uuid.UUID(term)
         except ValueError:
             return None  # a malformed id matches nothing
+
+    @admin.display(description=_("message id"), ordering="message_id")
+    def short_message_id(self, obj: OutboxMessage) -> str:
+        return _short_id(str(obj.message_id))
 
     # A message deleted before it was sent is lost; the purge deletes the dispatched ones, so
     # the page deletes nothing.

@@ -121,8 +121,8 @@ def test_the_list_shows_a_short_key_in_full_on_hover_and_the_principal_by_name(
 
     page = admin_client.get(CHANGELIST).content.decode()
 
-    assert f'<span class="idempotency-key" title="{long_key}">b5a91b5c-8f0e…</span>' in page
-    assert '<span class="idempotency-key" title="live-key">live-key</span>' in page
+    assert f'<span class="idempotency-id" title="{long_key}">b5a91b5c-8f0e…</span>' in page
+    assert '<span class="idempotency-id" title="live-key">live-key</span>' in page
     user_page = f"/admin/auth/user/{alice.pk}/change/"
     assert page.count(f'<a href="{user_page}">alice</a>') == 2
     assert "auth.user:999999" in page  # a deleted user is named as the scope names it
