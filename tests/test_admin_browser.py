@@ -117,9 +117,7 @@ def test_the_key_list_fits_1366_pixels_and_finds_keys_by_prefix_user_and_route(
     assert cell.inner_text() == "b5a91b5c-8f0e…"
     font = cell.evaluate("element => getComputedStyle(element).fontFamily")
     assert "mono" in font.lower(), font
-    heights = {
-        round(box["height"]) for box in map(lambda row: row.bounding_box(), rows(page).all())
-    }
+    heights = {round(row.bounding_box()["height"]) for row in rows(page).all()}
     assert len(heights) == 1, heights  # no row wraps onto more lines than another
     page.screenshot(path=images / "admin-keys.png")
 
