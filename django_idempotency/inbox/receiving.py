@@ -177,14 +177,14 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
             # The payload differs: read the recorded hash. The row is locked by the insert already:
             # the locking read waits for nothing, and sees it however old the snapshot.
             cursor.execute(_statements(using).select, [event.source, event.event_id])
+            row = cursor.fetchone()
         else:
             # ON CONFLICT DO UPDATE waits for a duplicate still being recorded to commit, then
-            # counts this delivery on its row: a row comes back either way. Only a new row starts
-            # at one delivery.
+            # counts this delivery on its row: it inserts or updates, and a row comes back either
+            # way. Only a new row starts at one delivery.
             cursor.execute(_statements(using).record, params)
-            if row := cursor.fetchone():
-                return int(row[0]), row[1] == 1, str(row[2])
-        row = cursor.fetchone()
+            pk, deliveries, recorded_hash = cursor.fetchone()
+            return int(pk), deliveries == 1, str(recorded_hash)
     if row is None:
         # The purge deleted it in between: the event is new again.
         return _record(event, using)
@@ -193,7 +193,7 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
 
 class _Statements(NamedTuple):
     record: str
-    select: str
+    select: str  # MariaDB: the recorded payload hash of a duplicate whose payload differs
 
 
 @cache
@@ -216,8 +216,8 @@ def _statements(using: str) -> _Statements:
         )
     )
     insert = f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
-    select = f"SELECT {pk}, {payload_hash} FROM {table} WHERE {source} = %s AND {event_id} = %s"  # noqa: S608
     if connection.vendor == "mysql":
+        where = f"{source} = %s AND {event_id} = %s"
         # No RETURNING on MySQL: LAST_INSERT_ID(expr) hands back the duplicate's id, or 0 when
         # its payload differs. The assignments run left to right, on the recorded row's values.
         return _Statements(
@@ -227,7 +227,7 @@ def _statements(using: str) -> _Statements:
                 f"{pk} = {pk} + LAST_INSERT_ID("
                 f"IF({payload_hash} = VALUES({payload_hash}), {pk}, 0)) * 0"
             ),
-            select=f"{select} FOR UPDATE",
+            select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
         )
     # ON CONFLICT rather than catching IntegrityError: no error, so no savepoint is needed
     # inside a caller's transaction, and a duplicate costs no aborted insert.
@@ -238,7 +238,7 @@ def _statements(using: str) -> _Statements:
             f"{last_delivered_at} = excluded.{received_at} "
             f"RETURNING {pk}, {deliveries}, {payload_hash}"
         ),
-        select=select,
+        select="",
     )
 
 
