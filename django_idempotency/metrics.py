@@ -14,6 +14,9 @@ example project's view) exposes them too:
 - ``django_idempotency_retry_delay_seconds{component}``: the delay of each retry scheduled by
   the retry client, the inbox or the outbox;
 - ``django_idempotency_client_retries_total{host, reason}``: the retry client's retries;
+- ``django_idempotency_inbox_refused_total{source, reason}``: deliveries refused before
+  anything was recorded, by the problem's code (``inbox.signature_invalid`` for a forged or
+  tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_unsettled_leases`` (keys the reconcile hook
   could not settle, waiting for a person), ``django_idempotency_inbox_due_events``,
@@ -93,10 +96,20 @@ def _count_retry(*, component: str, delay: float, **details: Any) -> None:
     if component == "client":
         CLIENT_RETRIES.labels(host=details["host"], reason=details["reason"]).inc()
 
+INBOX_REFUSED = Counter(
+    "django_idempotency_inbox_refused",
+    "Webhook deliveries refused before anything was recorded, by source and reason.",
+    ["source", "reason"],
+)
+
 
 def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
     REQUESTS.labels(outcome=outcome, route=route or "").inc()
     OVERHEAD.labels(outcome=outcome).observe(overhead)
+
+
+def _count_refusal(*, source: str, reason: str, **_: Any) -> None:
+    INBOX_REFUSED.labels(source=source, reason=reason).inc()
 
 
 def _inbox_receiver(outcome: str) -> Any:
@@ -233,6 +246,9 @@ def _connect() -> None:
         )
     outcomes.retry_scheduled.connect(
         _count_retry, dispatch_uid="django_idempotency.metrics", weak=False
+    )
+    signals.inbox_delivery_refused.connect(
+        _count_refusal, dispatch_uid="django_idempotency.metrics", weak=False
     )
     REGISTRY.register(BacklogCollector())
     if _CLIENT:

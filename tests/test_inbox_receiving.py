@@ -50,3 +50,26 @@ def test_a_duplicate_that_waited_for_the_first_delivery_to_commit_is_seen_as_a_d
     assert not receipt.created
     assert not receipt.conflict
     assert InboxEvent.objects.count() == 1
+
+
+def test_a_duplicate_delivery_is_counted_with_its_time_in_one_statement(
+    django_assert_num_queries,
+):
+    from datetime import timedelta  # noqa: PLC0415
+
+    from django.utils import timezone  # noqa: PLC0415
+
+    first = timezone.now()
+    receive("tests", "evt_1", "customer.created", {"id": "evt_1"}, now=first)
+    later = first + timedelta(minutes=5)
+    with django_assert_num_queries(1):
+        receipt = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}, now=later)
+    conflict = receive("tests", "evt_1", "customer.created", {"id": "evt_1", "x": 1}, now=later)
+
+    assert not receipt.created
+    assert conflict.conflict  # a delivery with another payload counts too
+    event = InboxEvent.objects.get()
+    assert (event.deliveries, event.last_delivered_at) == (3, later)
+    new = receive("tests", "evt_2", "customer.created", {"id": "evt_2"})
+    new.event.refresh_from_db()
+    assert (new.event.deliveries, new.event.last_delivered_at) == (1, None)

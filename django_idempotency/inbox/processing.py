@@ -219,9 +219,10 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
 def _duplicates_lock(using: str) -> bool:
     """Whether a duplicate delivery locks the event's row while it is recorded (see receiving).
 
-    MariaDB's insert locks the row it finds; PostgreSQL's ON CONFLICT DO NOTHING does not.
+    Both count the delivery on the row they find (ON CONFLICT DO UPDATE, ON DUPLICATE KEY
+    UPDATE), which locks it; SQLite has no row locks.
     """
-    return connections[using].vendor == "mysql"
+    return connections[using].vendor in {"mysql", "postgresql"}
 
 
 def _no_handlers(source: str) -> str:

@@ -1,8 +1,9 @@
 """Recording a delivered inbox event once, however often it is delivered.
 
-Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id) (on MariaDB, an
-``INSERT … ON DUPLICATE KEY UPDATE`` that changes nothing): the unique index is the only arbiter
-between duplicate deliveries. A duplicate is not recorded or dispatched again;
+Recording is one ``INSERT … ON CONFLICT DO UPDATE`` on (source, event id) (on MariaDB, an
+``INSERT … ON DUPLICATE KEY UPDATE``): the unique index is the only arbiter between duplicate
+deliveries. A duplicate only counts one more delivery on the recorded row, and its time; it is
+not recorded or dispatched again;
 a new event is dispatched (see ``processing``) once the caller's transaction commits.
 """
 
@@ -147,6 +148,7 @@ _INSERT_FIELDS = (
     "status",
     "attempts",
     "received_at",
+    "deliveries",
     "next_attempt_at",
     "last_error",
     "last_traceback",
@@ -154,10 +156,11 @@ _INSERT_FIELDS = (
 
 
 def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
-    """Insert ``event`` unless (source, event id) is taken.
+    """Insert ``event`` unless (source, event id) is taken; else count one more delivery.
 
     Return the id of the row that holds the event, whether it was inserted now, and the
-    payload hash it was recorded with.
+    payload hash it was recorded with. One statement either way, but for a MariaDB duplicate
+    whose payload differs.
     """
     connection = connections[using]
     params = [
@@ -165,23 +168,23 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         for field in map(_field, _INSERT_FIELDS)
     ]
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # One round trip for a duplicate too: the SELECT reads the row that made the
-            # INSERT do nothing, if that row had committed when the statement began.
-            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
-            if row := cursor.fetchone():
-                return int(row[0]), bool(row[1]), str(row[2])
-        elif connection.vendor == "mysql":
-            cursor.execute(_statements(using).insert, params)
-            if cursor.lastrowid:  # LAST_INSERT_ID(0) marks a duplicate
-                return int(cursor.lastrowid), True, event.payload_hash
+        if connection.vendor == "mysql":
+            cursor.execute(_statements(using).record, params)
+            # A new row: its id. A duplicate: its id when the payloads match, else 0
+            # (LAST_INSERT_ID(expr) in the statement). Affected rows: 1 inserted, 2 updated.
+            if cursor.lastrowid:
+                return int(cursor.lastrowid), cursor.rowcount == 1, event.payload_hash
+            # The payload differs: read the recorded hash. The row is locked by the insert already:
+            # the locking read waits for nothing, and sees it however old the snapshot.
+            cursor.execute(_statements(using).select, [event.source, event.event_id])
+            row = cursor.fetchone()
         else:
-            cursor.execute(_statements(using).insert, params)
-            if row := cursor.fetchone():
-                return int(row[0]), True, event.payload_hash
-        # The row committed while the statement ran (ON CONFLICT waited for it): read it now.
-        cursor.execute(_statements(using).select, [event.source, event.event_id])
-        row = cursor.fetchone()
+            # ON CONFLICT DO UPDATE waits for a duplicate still being recorded to commit, then
+            # counts this delivery on its row: it inserts or updates, and a row comes back either
+            # way. Only a new row starts at one delivery.
+            cursor.execute(_statements(using).record, params)
+            pk, deliveries, recorded_hash = cursor.fetchone()
+            return int(pk), deliveries == 1, str(recorded_hash)
     if row is None:
         # The purge deleted it in between: the event is new again.
         return _record(event, using)
@@ -189,9 +192,8 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
 
 
 class _Statements(NamedTuple):
-    insert: str
     record: str
-    select: str
+    select: str  # MariaDB: the recorded payload hash of a duplicate whose payload differs
 
 
 @cache
@@ -200,36 +202,43 @@ def _statements(using: str) -> _Statements:
     quote = connection.ops.quote_name
     table = quote(InboxEvent._meta.db_table)
     columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
-    pk, source, event_id, payload_hash = (
-        quote(_field(name).column) for name in ("id", "source", "event_id", "payload_hash")
+    values = ", ".join(["%s"] * len(_INSERT_FIELDS))
+    pk, source, event_id, payload_hash, deliveries, last_delivered_at, received_at = (
+        quote(_field(name).column)
+        for name in (
+            "id",
+            "source",
+            "event_id",
+            "payload_hash",
+            "deliveries",
+            "last_delivered_at",
+            "received_at",
+        )
     )
-    # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
-    # needed inside a caller's transaction, and a duplicate costs no aborted insert.
-    insert = (
-        f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_INSERT_FIELDS))}) "  # noqa: S608
-        f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
-    )
-    where = f"{source} = %s AND {event_id} = %s"
+    insert = f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
     if connection.vendor == "mysql":
-        # The duplicate's row is locked by the insert already: the locking read waits for
-        # nothing, and sees the row however old the transaction's snapshot.
-        values = ", ".join(["%s"] * len(_INSERT_FIELDS))
+        where = f"{source} = %s AND {event_id} = %s"
+        # No RETURNING on MySQL: LAST_INSERT_ID(expr) hands back the duplicate's id, or 0 when
+        # its payload differs. The assignments run left to right, on the recorded row's values.
         return _Statements(
-            insert=(
-                f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608
-                f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
+            record=(
+                f"{insert} ON DUPLICATE KEY UPDATE {deliveries} = {deliveries} + 1, "
+                f"{last_delivered_at} = VALUES({received_at}), "
+                f"{pk} = {pk} + LAST_INSERT_ID("
+                f"IF({payload_hash} = VALUES({payload_hash}), {pk}, 0)) * 0"
             ),
-            record="",
             select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
         )
+    # ON CONFLICT rather than catching IntegrityError: no error, so no savepoint is needed
+    # inside a caller's transaction, and a duplicate costs no aborted insert.
     return _Statements(
-        insert=insert,
         record=(
-            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
-            f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
-            f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
+            f"{insert} ON CONFLICT ({source}, {event_id}) DO UPDATE SET "
+            f"{deliveries} = {table}.{deliveries} + 1, "
+            f"{last_delivered_at} = excluded.{received_at} "
+            f"RETURNING {pk}, {deliveries}, {payload_hash}"
         ),
-        select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+        select="",
     )
 
 
