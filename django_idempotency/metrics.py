@@ -96,6 +96,7 @@ def _count_retry(*, component: str, delay: float, **details: Any) -> None:
     if component == "client":
         CLIENT_RETRIES.labels(host=details["host"], reason=details["reason"]).inc()
 
+
 INBOX_REFUSED = Counter(
     "django_idempotency_inbox_refused",
     "Webhook deliveries refused before anything was recorded, by source and reason.",
