@@ -3,7 +3,8 @@
 Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id) (on MariaDB, an
 ``INSERT … ON DUPLICATE KEY UPDATE`` that changes nothing): the unique index is the only arbiter
 between duplicate deliveries. A duplicate is not recorded or dispatched again;
-a new event is dispatched (see ``processing``) once the caller's transaction commits.
+a new event is dispatched (see ``processing``) once the caller's transaction commits, unless
+the "database" runner's workers are to take it: then recording is all the request does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from django.db import DatabaseError, connections, models, router, transaction
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.inbox.processing import DISPATCH_GRACE, Outcome, dispatch, log_fields
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.inbox.processing import (
+    DISPATCH_GRACE,
+    Outcome,
+    dispatch,
+    log_fields,
+    wake_workers,
+)
 from django_idempotency.models import InboxEvent
 
 if TYPE_CHECKING:
@@ -63,9 +71,11 @@ def receive(
     """Record an event once, and dispatch it when the caller's transaction commits.
 
     An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
-    recorded or dispatched again.
+    recorded or dispatched again. With the "database" runner the event is left, due at once,
+    to the workers.
     """
     now = now or timezone.now()
+    to_workers = idempotency_settings.INBOX_RUNNER == "database"
     digest = payload_hash(payload)
     event = InboxEvent(
         source=source,
@@ -75,7 +85,8 @@ def receive(
         payload_hash=digest,
         headers=dict(headers or {}),
         received_at=now,
-        next_attempt_at=now + DISPATCH_GRACE,
+        # Dispatched after the commit, the event is due again only if that dispatch is lost.
+        next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)
     pk, inserted, recorded_hash = _record(event, using)
@@ -85,6 +96,8 @@ def receive(
     event._state.adding = False
     event._state.db = using
     receipt = Receipt(event, created=True)
+    if to_workers:
+        wake_workers(using)  # sent at the commit, and never after a rollback
 
     def after_commit() -> None:
         if logger.isEnabledFor(logging.INFO):
@@ -95,6 +108,8 @@ def receive(
                 extra=log_fields(event, "received"),
             )
         signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
+        if to_workers:
+            return
         try:
             receipt.outcome = dispatch(event.pk)
         except DatabaseError:
