@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.core.management.base import SystemCheckError
+from django.db import OperationalError, connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.inbox import receive, reprocess
+from django_idempotency.inbox import worker as worker_module
 from django_idempotency.inbox.processing import process_due
 from django_idempotency.inbox.worker import run_worker
 from django_idempotency.models import InboxEvent
@@ -241,3 +243,38 @@ def test_a_worker_stopped_mid_event_finishes_it_and_exits_cleanly():
     # The rest of its batch was not begun: due at once for the next worker.
     assert InboxEvent.objects.filter(status="received").count() == 3
     assert process_due(limit=10) == 3
+
+
+@override_settings(IDEMPOTENCY={"INBOX_RUNNER": "database"})
+def test_the_database_runner_passes_the_checks():
+    call_command("check")  # raises SystemCheckError on an error
+
+
+@override_settings(IDEMPOTENCY={"INBOX_RUNNER": "broker"})
+def test_another_runner_is_refused_naming_the_three():
+    with pytest.raises(SystemCheckError, match="'inline', 'celery' or 'database'"):
+        call_command("check")
+
+
+@database_runner
+def test_a_worker_whose_run_fails_logs_it_and_carries_on(monkeypatch, caplog):
+    runs = []
+
+    def failing_once(**kwargs):
+        runs.append(1)
+        if len(runs) == 1:
+            raise OperationalError("server closed the connection unexpectedly")
+        return process_due(**kwargs)
+
+    monkeypatch.setattr(worker_module, "process_due", failing_once)
+    record(2)
+    stop = threading.Event()
+    worker = threading.Thread(target=_run_and_close, kwargs={"stop": stop, "interval": 0.05})
+    worker.start()
+    try:
+        wait_for(lambda: Refund.objects.count() == 2, timeout=10)
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+
+    assert "the inbox worker's run failed" in caplog.text

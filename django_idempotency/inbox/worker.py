@@ -43,13 +43,13 @@ def run_worker(
     waiter = _Listener(router.db_for_write(InboxEvent))
     try:
         while not stop.is_set():
+            taken = 0
             try:
                 taken = process_due(limit=batch_size, stop=stop.is_set)
+                if after_batch is not None:
+                    after_batch(taken)
             except Exception:  # a lost connection, say: the events stay due for the next run
-                logger.exception("the inbox worker could not process; trying again")
-                taken = 0
-            if after_batch is not None:
-                after_batch(taken)
+                logger.exception("the inbox worker's run failed; it carries on")
             close_old_connections()
             if taken < batch_size:
                 waiter.wait(interval, stop)
