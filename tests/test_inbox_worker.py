@@ -21,6 +21,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_idempotency import tasks
 from django_idempotency.inbox import receive, reprocess
 from django_idempotency.inbox import worker as worker_module
 from django_idempotency.inbox.processing import process_due
@@ -291,3 +292,13 @@ def test_a_worker_whose_run_fails_logs_it_and_carries_on(monkeypatch, caplog):
         worker.join(timeout=10)
 
     assert "the inbox worker's run failed" in caplog.text
+
+
+@database_runner
+def test_the_periodic_run_processes_due_events_itself_as_a_worker_would():
+    # So cron's idempotency_inbox, or Celery beat's dispatch task, can stand in for a worker.
+    record(2)
+
+    assert tasks.dispatch_due_inbox_events() == 2
+    assert Refund.objects.count() == 2
+    assert set(InboxEvent.objects.values_list("status", flat=True)) == {"processed"}
