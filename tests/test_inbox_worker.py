@@ -302,3 +302,34 @@ def test_the_periodic_run_processes_due_events_itself_as_a_worker_would():
     assert tasks.dispatch_due_inbox_events() == 2
     assert Refund.objects.count() == 2
     assert set(InboxEvent.objects.values_list("status", flat=True)) == {"processed"}
+
+
+@pytest.mark.postgresql
+@database_runner
+def test_a_worker_whose_listening_connection_is_lost_listens_again():
+    stop = threading.Event()
+    worker = threading.Thread(target=_run_and_close, kwargs={"stop": stop, "interval": 30.0})
+    worker.start()
+    listening = (
+        "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN django_idempotency_inbox' "
+        "AND datname = current_database()"
+    )
+    try:
+        wait_for(lambda: _rows(listening))
+        (old_pid,) = _rows(listening)[0]
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [old_pid])
+        # Listening again on a new connection, well before the interval ends.
+        wait_for(lambda: _rows(listening) and _rows(listening)[0][0] != old_pid, timeout=10)
+        record(1)
+        wait_for(lambda: Refund.objects.count() == 1, timeout=10)
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+
+
+def _rows(sql):
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        return cursor.fetchall()

@@ -85,7 +85,7 @@ def receive(
         payload_hash=digest,
         headers=dict(headers or {}),
         received_at=now,
-        # Dispatched after the commit, the event is due again only if that dispatch is lost.
+        # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)

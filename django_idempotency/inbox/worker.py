@@ -111,6 +111,10 @@ class _Listener:
 
     def close(self) -> None:
         if self.connection is not None:
+            # A pooled connection goes back to the pool: it must not keep collecting
+            # notifications that nobody reads.
+            with contextlib.suppress(Exception), self.connection.cursor() as cursor:
+                cursor.execute("UNLISTEN *")
             with contextlib.suppress(Exception):
                 self.connection.close()
             self.connection = None
