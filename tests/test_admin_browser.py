@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish, relay
 from django_idempotency.outbox import relaying as outbox_relaying
@@ -216,6 +217,7 @@ def inbox_events():
     deliver(refund_event("evt_refund_ok", amount=1250), headers={"User-Agent": "provider/2"})
     deliver(refund_event("evt_refund_retrying", fail_times=5))
     deliver(refund_event("evt_refund_dead", fail="always"))
+    delivery_counts.flush()  # what a timer thread does about a second later
     InboxEvent.objects.filter(event_id="evt_refund_dead").update(
         status="dead", next_attempt_at=None
     )

@@ -1,10 +1,12 @@
 """Recording a delivered inbox event once, however often it is delivered.
 
-Recording is one ``INSERT … ON CONFLICT DO UPDATE`` on (source, event id) (on MariaDB, an
-``INSERT … ON DUPLICATE KEY UPDATE``): the unique index is the only arbiter between duplicate
-deliveries. A duplicate only counts one more delivery on the recorded row, and its time; it is
-not recorded or dispatched again;
-a new event is dispatched (see ``processing``) once the caller's transaction commits.
+Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id) (on MariaDB, an
+``INSERT … ON DUPLICATE KEY UPDATE`` that changes nothing): the unique index is the only arbiter
+between duplicate deliveries. A duplicate is not recorded or dispatched again, and writes
+nothing: its delivery is counted in memory and added to the event about a second later
+(``counting.py``), so it never waits for an attempt at processing the event. A new event is
+dispatched (see ``processing``) once the caller's transaction commits, unless the "database"
+runner's workers are to take it: then recording is all the request does.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from django.db import DatabaseError, connections, models, router, transaction
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.inbox.processing import DISPATCH_GRACE, Outcome, dispatch, log_fields
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.counting import Count, DeferredCounts
+from django_idempotency.inbox.processing import (
+    DISPATCH_GRACE,
+    Outcome,
+    dispatch,
+    log_fields,
+    wake_workers,
+)
 from django_idempotency.models import InboxEvent
 
 if TYPE_CHECKING:
@@ -64,9 +74,11 @@ def receive(
     """Record an event once, and dispatch it when the caller's transaction commits.
 
     An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
-    recorded or dispatched again.
+    recorded or dispatched again. With the "database" runner the event is left, due at once,
+    to the workers.
     """
     now = now or timezone.now()
+    to_workers = idempotency_settings.INBOX_RUNNER == "database"
     digest = payload_hash(payload)
     event = InboxEvent(
         source=source,
@@ -76,7 +88,8 @@ def receive(
         payload_hash=digest,
         headers=dict(headers or {}),
         received_at=now,
-        next_attempt_at=now + DISPATCH_GRACE,
+        # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
+        next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)
     pk, inserted, recorded_hash = _record(event, using)
@@ -86,6 +99,8 @@ def receive(
     event._state.adding = False
     event._state.db = using
     receipt = Receipt(event, created=True)
+    if to_workers:
+        wake_workers(using)  # sent at the commit, and never after a rollback
 
     def after_commit() -> None:
         if logger.isEnabledFor(logging.INFO):
@@ -96,6 +111,8 @@ def receive(
                 extra=log_fields(event, "received"),
             )
         signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
+        if to_workers:
+            return
         try:
             receipt.outcome = dispatch(event.pk)
         except DatabaseError:
@@ -129,6 +146,7 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
             recorded.source,
             extra=log_fields(recorded, "duplicate"),
         )
+    delivery_counts.add(using, pk, 0, delivered.received_at)
     transaction.on_commit(
         lambda: signals.send_robustly(
             signals.inbox_event_duplicate, InboxEvent, event=recorded, conflict=conflict
@@ -136,6 +154,23 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
         using=using,
     )
     return Receipt(recorded, created=False, conflict=conflict)
+
+
+def _write_deliveries(using: str, counts: Mapping[tuple[int, int], Count]) -> None:
+    """Add duplicate deliveries counted in memory to their events, in one transaction."""
+    connection = connections[using]
+    at = _field("last_delivered_at")
+    params = [
+        [count.times, *[at.get_db_prep_save(count.last_at, connection)] * 2, pk]
+        for (pk, _version), count in sorted(counts.items())  # in id order: no deadlocks
+    ]
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.executemany(_statements(using).count_deliveries, params)
+
+
+# This process's duplicate deliveries, written to their events about a second later: a duplicate
+# writes nothing, so it never waits for an attempt at processing its event.
+delivery_counts = DeferredCounts(_write_deliveries)
 
 
 _INSERT_FIELDS = (
@@ -156,11 +191,10 @@ _INSERT_FIELDS = (
 
 
 def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
-    """Insert ``event`` unless (source, event id) is taken; else count one more delivery.
+    """Insert ``event`` unless (source, event id) is taken.
 
     Return the id of the row that holds the event, whether it was inserted now, and the
-    payload hash it was recorded with. One statement either way, but for a MariaDB duplicate
-    whose payload differs.
+    payload hash it was recorded with.
     """
     connection = connections[using]
     params = [
@@ -168,23 +202,23 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         for field in map(_field, _INSERT_FIELDS)
     ]
     with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute(_statements(using).record, params)
-            # A new row: its id. A duplicate: its id when the payloads match, else 0
-            # (LAST_INSERT_ID(expr) in the statement). Affected rows: 1 inserted, 2 updated.
-            if cursor.lastrowid:
-                return int(cursor.lastrowid), cursor.rowcount == 1, event.payload_hash
-            # The payload differs: read the recorded hash. The row is locked by the insert already:
-            # the locking read waits for nothing, and sees it however old the snapshot.
-            cursor.execute(_statements(using).select, [event.source, event.event_id])
-            row = cursor.fetchone()
+        if connection.vendor == "postgresql":
+            # One round trip for a duplicate too: the SELECT reads the row that made the
+            # INSERT do nothing, if that row had committed when the statement began.
+            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
+            if row := cursor.fetchone():
+                return int(row[0]), bool(row[1]), str(row[2])
+        elif connection.vendor == "mysql":
+            cursor.execute(_statements(using).insert, params)
+            if cursor.lastrowid:  # LAST_INSERT_ID(0) marks a duplicate
+                return int(cursor.lastrowid), True, event.payload_hash
         else:
-            # ON CONFLICT DO UPDATE waits for a duplicate still being recorded to commit, then
-            # counts this delivery on its row: it inserts or updates, and a row comes back either
-            # way. Only a new row starts at one delivery.
-            cursor.execute(_statements(using).record, params)
-            pk, deliveries, recorded_hash = cursor.fetchone()
-            return int(pk), deliveries == 1, str(recorded_hash)
+            cursor.execute(_statements(using).insert, params)
+            if row := cursor.fetchone():
+                return int(row[0]), True, event.payload_hash
+        # The row committed while the statement ran (ON CONFLICT waited for it): read it now.
+        cursor.execute(_statements(using).select, [event.source, event.event_id])
+        row = cursor.fetchone()
     if row is None:
         # The purge deleted it in between: the event is new again.
         return _record(event, using)
@@ -192,8 +226,10 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
 
 
 class _Statements(NamedTuple):
+    insert: str
     record: str
-    select: str  # MariaDB: the recorded payload hash of a duplicate whose payload differs
+    select: str
+    count_deliveries: str
 
 
 @cache
@@ -202,43 +238,44 @@ def _statements(using: str) -> _Statements:
     quote = connection.ops.quote_name
     table = quote(InboxEvent._meta.db_table)
     columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
-    values = ", ".join(["%s"] * len(_INSERT_FIELDS))
-    pk, source, event_id, payload_hash, deliveries, last_delivered_at, received_at = (
+    pk, source, event_id, payload_hash, deliveries, last_delivered_at = (
         quote(_field(name).column)
-        for name in (
-            "id",
-            "source",
-            "event_id",
-            "payload_hash",
-            "deliveries",
-            "last_delivered_at",
-            "received_at",
-        )
+        for name in ("id", "source", "event_id", "payload_hash", "deliveries", "last_delivered_at")
     )
-    insert = f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
+    count_deliveries = (
+        f"UPDATE {table} SET {deliveries} = {deliveries} + %s, "  # noqa: S608
+        f"{last_delivered_at} = CASE WHEN {last_delivered_at} IS NULL "
+        f"OR {last_delivered_at} < %s THEN %s ELSE {last_delivered_at} END WHERE {pk} = %s"
+    )
+    # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
+    # needed inside a caller's transaction, and a duplicate costs no aborted insert.
+    insert = (
+        f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(_INSERT_FIELDS))}) "  # noqa: S608
+        f"ON CONFLICT ({source}, {event_id}) DO NOTHING RETURNING {pk}"
+    )
+    where = f"{source} = %s AND {event_id} = %s"
     if connection.vendor == "mysql":
-        where = f"{source} = %s AND {event_id} = %s"
-        # No RETURNING on MySQL: LAST_INSERT_ID(expr) hands back the duplicate's id, or 0 when
-        # its payload differs. The assignments run left to right, on the recorded row's values.
+        # The duplicate's row is locked by the insert already: the locking read waits for
+        # nothing, and sees the row however old the transaction's snapshot.
+        values = ", ".join(["%s"] * len(_INSERT_FIELDS))
         return _Statements(
-            record=(
-                f"{insert} ON DUPLICATE KEY UPDATE {deliveries} = {deliveries} + 1, "
-                f"{last_delivered_at} = VALUES({received_at}), "
-                f"{pk} = {pk} + LAST_INSERT_ID("
-                f"IF({payload_hash} = VALUES({payload_hash}), {pk}, 0)) * 0"
+            insert=(
+                f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608
+                f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
             ),
+            record="",
             select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
+            count_deliveries=count_deliveries,
         )
-    # ON CONFLICT rather than catching IntegrityError: no error, so no savepoint is needed
-    # inside a caller's transaction, and a duplicate costs no aborted insert.
     return _Statements(
+        insert=insert,
         record=(
-            f"{insert} ON CONFLICT ({source}, {event_id}) DO UPDATE SET "
-            f"{deliveries} = {table}.{deliveries} + 1, "
-            f"{last_delivered_at} = excluded.{received_at} "
-            f"RETURNING {pk}, {deliveries}, {payload_hash}"
+            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
+            f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
+            f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
         ),
-        select="",
+        select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+        count_deliveries=count_deliveries,
     )
 
 
