@@ -516,6 +516,7 @@ def started(path):
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_the_same_task_sent_50_times_at_once_has_one_effect(workers):
     workers.start()
@@ -531,6 +532,7 @@ def test_the_same_task_sent_50_times_at_once_has_one_effect(workers):
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_killed_mid_task_is_redelivered_and_the_effect_happens_once(workers, tmp_path):
     killed = workers.start()
@@ -549,6 +551,7 @@ def test_a_worker_killed_mid_task_is_redelivered_and_the_effect_happens_once(wor
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_a_body_that_raises_then_succeeds_on_retry_has_one_effect(workers, tmp_path):
     workers.start()
@@ -563,6 +566,7 @@ def test_a_body_that_raises_then_succeeds_on_retry_has_one_effect(workers, tmp_p
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_racing_one_runs_and_the_other_returns_its_result(workers, tmp_path):
     workers.start(concurrency=1)
@@ -579,6 +583,7 @@ def test_two_workers_racing_one_runs_and_the_other_returns_its_result(workers, t
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_a_lease_mode_task_killed_after_its_effect_is_recovered_not_repeated(workers, tmp_path):
     killed = workers.start()
@@ -602,6 +607,7 @@ def test_a_lease_mode_task_killed_after_its_effect_is_recovered_not_repeated(wor
 
 
 @pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
 @pytest.mark.django_db(transaction=True)
 def test_a_lease_mode_task_sent_many_times_at_once_sends_once(workers, tmp_path):
     workers.start()
