@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import inspect
 import json
 import logging
 import time
@@ -158,9 +159,24 @@ def idempotent_task(
             call = functools.partial(body, task, *args) if bind else functools.partial(body, *args)
             return TaskRun(task, options, args, kwargs).execute(call)
 
+        # Celery checks a task's arguments against this when it is sent, not in the worker.
+        run.__signature__ = _signature(body, bind=bind)  # type: ignore[attr-defined]
         return shared_task(bind=True, **task_options)(run)
 
     return declare if func is None else declare(func)
+
+
+def _signature(body: Callable[..., Any], *, bind: bool) -> inspect.Signature:
+    """The body's signature, bound to its task, with the caller's key argument added."""
+    signature = inspect.signature(body)
+    parameters = list(signature.parameters.values())
+    if not bind:
+        parameters.insert(0, inspect.Parameter("task", inspect.Parameter.POSITIONAL_ONLY))
+    if KEY_ARGUMENT not in signature.parameters:
+        key = inspect.Parameter(KEY_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None)
+        variadic = parameters and parameters[-1].kind == inspect.Parameter.VAR_KEYWORD
+        parameters.insert(len(parameters) - 1 if variadic else len(parameters), key)
+    return signature.replace(parameters=parameters)
 
 
 def _as_key(value: Any) -> str:

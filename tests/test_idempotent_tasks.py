@@ -30,7 +30,7 @@ from django_idempotency.celery import (
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import CI, process_env
 from tests.factories import IdempotencyKeyFactory
-from tests.task_worker import LEASE_TIMEOUT, QUEUE, make_app
+from tests.task_worker import LEASE_TIMEOUT, QUEUE, make_app, refund
 from tests.testapp.models import Refund
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,6 +179,20 @@ def test_keyword_order_does_not_change_the_fingerprint():
     assert arguments_fingerprint((1,), {}) != arguments_fingerprint((2,), {})
     # Beyond what RFC 8785 represents, the arguments are still told apart.
     assert arguments_fingerprint((2**60,), {}) != arguments_fingerprint((2**60 + 1,), {})
+
+
+def test_wrong_arguments_are_refused_when_the_task_is_sent():
+    with pytest.raises(TypeError):
+        record.apply_async(("a", 1, "extra"), {"idempotency_key": "k"})
+    with pytest.raises(TypeError):
+        explode.apply_async(("a",), {"idempotency_key": "k"})  # bound: self is not an argument
+    with pytest.raises(TypeError):
+        record.apply_async(("a",), {"idempotency_key": "k", "colour": "red"})
+
+
+def test_the_task_keeps_the_bodys_name_and_docstring():
+    assert record.name == "tests.record"
+    assert refund.__doc__.startswith("Record a refund")
 
 
 @pytest.mark.django_db(transaction=True)
