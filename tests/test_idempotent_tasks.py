@@ -472,23 +472,21 @@ class Workers:
 
     def start(self, concurrency=8):
         env = process_env(TEST_TASK_BROKER=self.broker)
+        # Its own name: other workers may share the broker, and answer pings too.
+        hostname = f"tasks-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
         command = [
             sys.executable, "-m", "celery", "-A", "tests.task_worker", "worker",
             "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "ERROR",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "--hostname", f"hcel-{uuid.uuid4().hex[:8]}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "--hostname", hostname,
         ]  # fmt: skip
         process = subprocess.Popen(command, cwd=ROOT, env=env)
         self.processes.append(process)
         deadline = time.monotonic() + 60
-        while len(self.app.control.ping(timeout=0.5)) < self.alive():
+        while not self.app.control.ping(destination=[hostname], timeout=0.5):
             if time.monotonic() > deadline or process.poll() is not None:
                 process.kill()
                 pytest.fail("the Celery worker did not start")
         return process
-
-    def alive(self):
-        return sum(1 for process in self.processes if process.poll() is None)
 
     def send(self, name, *args, **kwargs):
         return self.app.send_task(name, args, kwargs)
