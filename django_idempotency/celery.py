@@ -150,10 +150,10 @@ def idempotent_task(
         on_busy=on_busy,
         busy_countdown=busy_countdown,
     )
+    # The wrapper is always bound (it needs the task); the body gets it if it asked to.
+    bind = bool(task_options.pop("bind", False))
 
     def declare(body: Callable[..., Any]) -> Any:
-        bind = bool(task_options.pop("bind", False))
-
         @functools.wraps(body)
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
             call = functools.partial(body, task, *args) if bind else functools.partial(body, *args)
