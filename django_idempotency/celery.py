@@ -154,10 +154,12 @@ def idempotent_task(
     bind = bool(task_options.pop("bind", False))
 
     def declare(body: Callable[..., Any]) -> Any:
+        takes_key = _takes_key(body)
+
         @functools.wraps(body)
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
             call = functools.partial(body, task, *args) if bind else functools.partial(body, *args)
-            return TaskRun(task, options, args, kwargs).execute(call)
+            return TaskRun(task, options, args, kwargs).execute(call, takes_key=takes_key)
 
         # Celery checks a task's arguments against this when it is sent, not in the worker.
         run.__signature__ = _signature(body, bind=bind)  # type: ignore[attr-defined]
@@ -172,11 +174,21 @@ def _signature(body: Callable[..., Any], *, bind: bool) -> inspect.Signature:
     parameters = list(signature.parameters.values())
     if not bind:
         parameters.insert(0, inspect.Parameter("task", inspect.Parameter.POSITIONAL_ONLY))
-    if KEY_ARGUMENT not in signature.parameters:
+    if KEY_ARGUMENT in signature.parameters:
+        # The body takes the key itself (to pass it on to a provider, say): callers may omit it.
+        parameters = [
+            parameter.replace(default=None) if parameter.name == KEY_ARGUMENT else parameter
+            for parameter in parameters
+        ]
+    else:
         key = inspect.Parameter(KEY_ARGUMENT, inspect.Parameter.KEYWORD_ONLY, default=None)
         variadic = parameters and parameters[-1].kind == inspect.Parameter.VAR_KEYWORD
         parameters.insert(len(parameters) - 1 if variadic else len(parameters), key)
     return signature.replace(parameters=parameters)
+
+
+def _takes_key(body: Callable[..., Any]) -> bool:
+    return KEY_ARGUMENT in inspect.signature(body).parameters
 
 
 def _as_key(value: Any) -> str:
@@ -250,8 +262,13 @@ class TaskRun:
             locked_until=now + self.lease_timeout if self.mode == "lease" else None,
         )
 
-    def execute(self, body: Callable[..., Any]) -> Any:
-        """Run ``body`` once for the key; or return the result stored by the run that did."""
+    def execute(self, body: Callable[..., Any], *, takes_key: bool = False) -> Any:
+        """Run ``body`` once for the key; or return the result stored by the run that did.
+
+        ``takes_key``: the body is called with the key as its ``idempotency_key`` argument.
+        """
+        if takes_key:
+            body = functools.partial(body, **{KEY_ARGUMENT: self.key})
         if not idempotency_settings.ENABLED:
             return body(**self.kwargs)
         store = KeyStore(router.db_for_write(IdempotencyKey))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -28,6 +28,7 @@ from django_idempotency.celery import (
     idempotent_task,
 )
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import KeyStore
 from tests.conftest import CI, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.task_worker import LEASE_TIMEOUT, QUEUE, make_app, refund
@@ -193,6 +194,21 @@ def test_wrong_arguments_are_refused_when_the_task_is_sent():
 def test_the_task_keeps_the_bodys_name_and_docstring():
     assert record.name == "tests.record"
     assert refund.__doc__.startswith("Record a refund")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_that_takes_the_key_gets_the_one_its_run_claimed():
+    @idempotent_task(name="tests.charge", key=lambda order: f"order-{order}")
+    def charge(order, idempotency_key):
+        RUNS.append(idempotency_key)
+        return idempotency_key
+
+    assert charge(7) == "order-7"
+    assert charge(7) == "order-7"
+    assert charge(7, idempotency_key="given") == "given"
+    assert RUNS == ["order-7", "given"]
+    with pytest.raises(TypeError):
+        charge.apply_async((7, "positional", "extra"))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -417,6 +433,37 @@ def test_a_live_lease_makes_a_duplicate_retry_later():
     )
     with pytest.raises(TaskInProgress, match="holds the key"):
         lease_busy.apply(kwargs={"idempotency_key": "k"}).get()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_task_whose_key_is_held_by_a_live_lease_retries_later():
+    @idempotent_task(name="tests.held", wait_timeout=0.1, busy_countdown=5, max_retries=1)
+    def held():
+        RUNS.append("ran")
+        return 1
+
+    held(idempotency_key="k")
+    # A delivery of this task in lease mode (before a deployment changed its mode) holds it.
+    IdempotencyKey.objects.filter(key="k").update(
+        state="in_progress", locked_until=timezone.now() + timedelta(seconds=30)
+    )
+    with pytest.raises(TaskInProgress):
+        held.apply(kwargs={"idempotency_key": "k"}).get()
+    assert RUNS == ["ran"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_that_fails_leaves_the_lease_to_run_out_and_the_bodys_error_stands(
+    monkeypatch, caplog
+):
+    def unavailable(self, claim):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(KeyStore, "fail", unavailable)
+    with pytest.raises(Boom):
+        lease_record("a", True, idempotency_key="k")
+    assert key_row(key="k").state == "in_progress"
+    assert "its lease will run out" in caplog.text
 
 
 @pytest.mark.django_db(transaction=True)
