@@ -305,7 +305,7 @@ class TaskRun:
         deadline = time.monotonic() + self.wait_timeout
         while True:
             with transaction.atomic(using=store.using):
-                found = store.acquire(self.new_key(timezone.now()), relaxed_commit=True)
+                found = store.acquire(self.new_key(timezone.now()))
             if isinstance(found, Claim):
                 break
             if isinstance(found, StoredResponse) or not found.fingerprint_matches:
