@@ -28,7 +28,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from django_idempotency.conf import UNSAFE_METHODS
+from django_idempotency.conf import TASK_METHOD, UNSAFE_METHODS
 from django_idempotency.inbox import processing as inbox
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
@@ -129,7 +129,8 @@ class MethodFilter(admin.SimpleListFilter):
     parameter_name = "method"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [(method, method) for method in sorted(UNSAFE_METHODS)]
+        methods = [(method, method) for method in sorted(UNSAFE_METHODS)]
+        return [*methods, (TASK_METHOD, _("Celery task"))]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]

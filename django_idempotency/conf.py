@@ -79,6 +79,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What the keys of idempotent Celery tasks hold in place of an HTTP method.
+TASK_METHOD = "TASK"
 AnonymousPolicy = Literal["shared", "reject"]
 Mode = Literal["atomic", "lease"]
 Runner = Literal["inline", "celery"]

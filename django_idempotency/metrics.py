@@ -17,6 +17,8 @@ example project's view) exposes them too:
 - ``django_idempotency_inbox_refused_total{source, reason}``: deliveries refused before
   anything was recorded, by the problem's code (``inbox.signature_invalid`` for a forged or
   tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
+- ``django_idempotency_tasks_total{outcome, task}``: deliveries of idempotent Celery tasks, by
+  outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``, ``not_stored``) and task;
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_unsettled_leases`` (keys the reconcile hook
   could not settle, waiting for a person), ``django_idempotency_inbox_due_events``,
@@ -76,6 +78,11 @@ INBOX_EVENTS = Counter(
     "Webhook inbox steps, by source and outcome.",
     ["source", "outcome"],
 )
+TASKS = Counter(
+    "django_idempotency_tasks",
+    "Idempotent Celery task deliveries, by outcome and task.",
+    ["outcome", "task"],
+)
 
 RETRY_DELAY = Histogram(
     "django_idempotency_retry_delay_seconds",
@@ -111,6 +118,10 @@ def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: An
 
 def _count_refusal(*, source: str, reason: str, **_: Any) -> None:
     INBOX_REFUSED.labels(source=source, reason=reason).inc()
+
+
+def _count_task(*, outcome: str, task: str, **_: Any) -> None:
+    TASKS.labels(outcome=outcome, task=task).inc()
 
 
 def _inbox_receiver(outcome: str) -> Any:
@@ -235,6 +246,7 @@ class CircuitCollector(Collector):
 def _connect() -> None:
     for signal in signals.DECISION_SIGNALS:
         signal.connect(_count_decision, dispatch_uid="django_idempotency.metrics", weak=False)
+    signals.task_decided.connect(_count_task, dispatch_uid="django_idempotency.metrics", weak=False)
     for signal, outcome in (
         (signals.inbox_event_received, "received"),
         (signals.inbox_event_duplicate, "duplicate"),

@@ -69,6 +69,14 @@ inbox_event_dead = Signal()
 inbox_delivery_refused = Signal()
 
 
+# The idempotent tasks' signal is sent with ``sender`` set to the Celery task, and ``task`` (its
+# name), ``key``, ``scope``, ``outcome`` (``stored``, ``replayed``, ``mismatch``, ``in_progress``
+# or ``not_stored``), ``attempt`` and ``error`` (what the body raised, or ``None``).
+
+#: An idempotent Celery task's delivery was decided.
+task_decided = Signal()
+
+
 def send_robustly(signal: Signal, sender: object, **kwargs: object) -> None:
     """Send ``signal`` to every receiver; log, and otherwise ignore, a receiver that raises."""
     for receiver, result in signal.send_robust(sender=sender, **kwargs):
