@@ -114,7 +114,7 @@ def key_row(**lookup):
 
 @pytest.mark.django_db(transaction=True)
 def test_a_task_sent_twice_with_one_key_runs_once_and_the_duplicate_gets_the_stored_result(
-    unwritten_replay_counts,
+    unwritten_counts,
 ):
     first = record.apply(("a",), {"idempotency_key": "k1", "amount": 5}).get()
     second = record.apply(("a",), {"idempotency_key": "k1", "amount": 5}).get()
@@ -130,7 +130,7 @@ def test_a_task_sent_twice_with_one_key_runs_once_and_the_duplicate_gets_the_sto
         "succeeded",
     )
     assert json.loads(bytes(row.response_body)) == first
-    unwritten_replay_counts.flush()  # the replay counted in memory
+    unwritten_counts.flush()  # the replay counted in memory
     assert key_row(key="k1").replay_count == 1
 
 
