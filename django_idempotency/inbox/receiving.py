@@ -26,11 +26,11 @@ from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.counting import Count, DeferredCounts
 from django_idempotency.inbox.processing import (
+    CHANNEL,
     DISPATCH_GRACE,
     Outcome,
     dispatch,
     log_fields,
-    wake_workers,
 )
 from django_idempotency.models import InboxEvent
 
@@ -92,15 +92,13 @@ def receive(
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)
-    pk, inserted, recorded_hash = _record(event, using)
+    pk, inserted, recorded_hash = _record(event, using, wake=to_workers)
     if not inserted:
         return _duplicate(event, pk, recorded_hash, using)
     event.pk = pk
     event._state.adding = False
     event._state.db = using
     receipt = Receipt(event, created=True)
-    if to_workers:
-        wake_workers(using)  # sent at the commit, and never after a rollback
 
     def after_commit() -> None:
         if logger.isEnabledFor(logging.INFO):
@@ -190,11 +188,13 @@ _INSERT_FIELDS = (
 )
 
 
-def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
+def _record(event: InboxEvent, using: str, *, wake: bool = False) -> tuple[int, bool, str]:
     """Insert ``event`` unless (source, event id) is taken.
 
     Return the id of the row that holds the event, whether it was inserted now, and the
-    payload hash it was recorded with.
+    payload hash it was recorded with. ``wake``: on PostgreSQL, a new event also wakes the
+    "database" runner's workers, in the same statement; the notification goes out at the commit,
+    never after a rollback. Elsewhere the workers poll.
     """
     connection = connections[using]
     params = [
@@ -205,7 +205,11 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         if connection.vendor == "postgresql":
             # One round trip for a duplicate too: the SELECT reads the row that made the
             # INSERT do nothing, if that row had committed when the statement began.
-            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
+            if wake:
+                sql, params = _statements(using).record_waking, [*params, CHANNEL]
+            else:
+                sql = _statements(using).record
+            cursor.execute(sql, [*params, event.source, event.event_id])
             if row := cursor.fetchone():
                 return int(row[0]), bool(row[1]), str(row[2])
         elif connection.vendor == "mysql":
@@ -221,7 +225,7 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         row = cursor.fetchone()
     if row is None:
         # The purge deleted it in between: the event is new again.
-        return _record(event, using)
+        return _record(event, using, wake=wake)
     return int(row[0]), False, str(row[1])
 
 
@@ -230,6 +234,7 @@ class _Statements(NamedTuple):
     record: str
     select: str
     count_deliveries: str
+    record_waking: str = ""  # PostgreSQL: record, and notify the workers of a new event
 
 
 @cache
@@ -267,15 +272,21 @@ def _statements(using: str) -> _Statements:
             select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
             count_deliveries=count_deliveries,
         )
-    return _Statements(
-        insert=insert,
-        record=(
-            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
+
+    def record(returning: str) -> str:
+        return (
+            f"WITH inserted AS ({insert}, {returning}) "  # noqa: S608
             f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
             f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
-        ),
+        )
+
+    return _Statements(
+        insert=insert,
+        record=record(payload_hash),
         select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
         count_deliveries=count_deliveries,
+        # RETURNING runs for an inserted row only: a duplicate wakes nobody.
+        record_waking=record(f"{payload_hash}, pg_notify(%s, '')"),
     )
 
 
