@@ -12,6 +12,14 @@ ratio comes from one run:
   bare-webhook  signed webhooks to a view that only inserts the body into a table
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
+  inbox-inline  the same with INBOX_RUNNER "inline": the handler runs in the request, after
+                the commit
+  inbox-database  the same with INBOX_RUNNER "database": the request only records, and one
+                `idempotency_inbox --forever` worker processes. The worker is paused during the
+                measurement, so that the figure is the ingest's alone; it processes afterwards
+  inbox-database-worker  the same with the worker running on the same cores
+                Each runner has its own gunicorn. For inbox-inline and inbox-database-worker, the
+                processing latency too (recorded -> handler done, p50 and p95)
 Every run checks its effects: one payment and one key per fresh request, none per replay.
 Then, once a round, a burst of 64 POSTs with one key sent at once: the effects in the database,
 the answers, and the time to the last answer.
@@ -43,6 +51,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,7 +70,8 @@ from benchmarks.databases import DATABASES, NAIVE_TABLE, scalar
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-DATABASE = "idempotency_bench"
+DATABASE = os.environ.get("BENCH_DATABASE", "idempotency_bench")
+REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "13"))
 BODY = json.dumps({"amount": 1250, "currency": "EUR", "description": "benchmark"})
 AUTH = "Basic " + base64.b64encode(b"alice:password").decode()
 
@@ -96,8 +106,19 @@ SCENARIOS = {
     "cached-replay": {"path": "/bench/cached/payments/", "key": "the-one-key"},
     "bare-webhook": {"path": "/bench/bare/webhooks/"},
     "inbox": {"path": "/webhooks/provider/"},
+    "inbox-inline": {"path": "/webhooks/provider/", "runner": "inline"},
+    "inbox-database": {"path": "/webhooks/provider/", "runner": "database", "pause": "worker"},
+    "inbox-database-worker": {"path": "/webhooks/provider/", "runner": "database"},
 }
-WEBHOOK_SCENARIOS = ("bare-webhook", "inbox")
+WEBHOOK_SCENARIOS = (
+    "bare-webhook",
+    "inbox",
+    "inbox-inline",
+    "inbox-database",
+    "inbox-database-worker",
+)
+# The inbox runners that process during the measurement, each served by its own gunicorn.
+PROCESSING_RUNNERS = ("inline", "database")
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
 REQUEST_SCENARIOS = (
     "bare", "fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay"
@@ -135,6 +156,13 @@ class Server:
     base: str
     env: dict[str, str]
     database: str  # the name of the server in DATABASES
+    # Where the servers of the other inbox runners answer, by runner.
+    runners: dict[str, str] = dataclasses.field(default_factory=dict)
+    worker_pid: int = 0  # the "database" runner's worker
+
+    def base_of(self, scenario: str) -> str:
+        runner = SCENARIOS[scenario].get("runner")
+        return self.base if runner is None else self.runners[runner]
 
 
 @dataclasses.dataclass
@@ -174,7 +202,7 @@ def prepare_database(env: dict[str, str], database: str) -> None:
         cursor.execute(server.naive_table)
     import redis  # noqa: PLC0415
 
-    redis.Redis(db=13).flushdb()
+    redis.Redis(db=REDIS_DB).flushdb()
     redis.Redis(db=15).flushdb()  # the cached-* scenarios' replay cache
     manage(
         env,
@@ -209,23 +237,44 @@ def serve(args: argparse.Namespace) -> Iterator[Server]:
     env = environment(args.port, args.database)
     try:
         prepare_database(env, args.database)
-        gunicorn = [
-            sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
-            "--worker-class", args.worker_class, "--threads", str(worker_threads(args)),
-            "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
-        ]  # fmt: skip
-        process = subprocess.Popen(gunicorn, env=env, cwd=ROOT)
+        processes = [gunicorn(args, env, args.port)]
+        runners = {}
+        for offset, runner in enumerate(PROCESSING_RUNNERS, 1):
+            runner_env = {**env, "BENCH_INBOX_RUNNER": runner}
+            processes.append(gunicorn(args, runner_env, args.port + offset))
+            runners[runner] = f"http://127.0.0.1:{args.port + offset}"
+        # The "database" runner's worker, running all along as in production.
+        worker = [str(ROOT / "example_project" / "manage.py"), "idempotency_inbox", "--forever"]
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, *worker, "--no-purge"], env=env, stdout=subprocess.DEVNULL
+            )
+        )
+        worker_pid = processes[-1].pid
         try:
             base = f"http://127.0.0.1:{args.port}"
-            wait_until_up(base + "/api/payments/")
-            server = Server(base, env, args.database)
+            for url in [base, *runners.values()]:
+                wait_until_up(url + "/api/payments/")
+            server = Server(base, env, args.database, runners, worker_pid)
             seed_replays(server)
             yield server
         finally:
-            process.terminate()
-            process.wait(timeout=30)
+            os.kill(worker_pid, signal.SIGCONT)
+            for process in processes:
+                process.terminate()
+            for process in processes:
+                process.wait(timeout=60)
     finally:
         DATABASES[args.database].drop(DATABASE)
+
+
+def gunicorn(args: argparse.Namespace, env: dict[str, str], port: int) -> subprocess.Popen[bytes]:
+    command = [
+        sys.executable, "-m", "gunicorn", "benchmarks.wsgi", "--workers", str(args.workers),
+        "--worker-class", args.worker_class, "--threads", str(worker_threads(args)),
+        "--bind", f"127.0.0.1:{port}", "--log-level", "warning",
+    ]  # fmt: skip
+    return subprocess.Popen(command, env=env, cwd=ROOT)
 
 
 @functools.cache
@@ -248,7 +297,12 @@ def webhook_script(path: str, duration: int, threads: int, prefix: str) -> str:
     events = []
     for n in range(duration * 2_000):
         body = json.dumps(
-            {"id": f"evt_{prefix}_{n}", "type": "refund.succeeded", "data": {"refund": n}}
+            {
+                "id": f"evt_{prefix}_{n}",
+                "type": "refund.succeeded",
+                # The example's handler applies a refund's status if its sequence is newer.
+                "data": {"refund": n, "sequence": 1},
+            }
         ).encode()
         header = signer().sign(body)["Stripe-Signature"]
         events.append("{[[%s]], [[%s]]}" % (body.decode(), header))  # noqa: UP031 - Lua syntax
@@ -284,7 +338,7 @@ def run_wrk(
         handle.write(script)
     command = [
         "wrk", "--latency", "--timeout", "30s", "-t", str(threads), "-c", str(connections),
-        "-d", f"{duration}s", "-s", handle.name, server.base,
+        "-d", f"{duration}s", "-s", handle.name, server.base_of(scenario),
     ]  # fmt: skip
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     Path(handle.name).unlink()
@@ -321,6 +375,9 @@ COUNTS: dict[str, dict[str, float]] = {
     "cached-replay": {"payments": 0.0, "keys": 0.0},
     "bare-webhook": {"events": 1.0},
     "inbox": {"inbox events": 0.5},
+    "inbox-inline": {"inbox events": 0.5},
+    "inbox-database": {"inbox events": 0.5},
+    "inbox-database-worker": {"inbox events": 0.5},
 }
 
 
@@ -371,10 +428,31 @@ def checked_run(
     connections: int | None = None,
     duration: int | None = None,
 ) -> Measure:
-    """``run_wrk``, failing unless the scenario wrote the rows of ``COUNTS`` per request."""
+    """``run_wrk``, failing unless the scenario wrote the rows of ``COUNTS`` per request.
+
+    For an inbox runner that processes, also fail unless every event was processed, and add the
+    processing latency's p50 and p95 (milliseconds).
+    """
     before = settled_rows(server, scenario)
-    measured = run_wrk(server, scenario, args, round_no, connections=connections, duration=duration)
+    last_event = latest_event(server)
+    paused = SCENARIOS[scenario].get("pause") == "worker"
+    if paused:
+        os.kill(server.worker_pid, signal.SIGSTOP)
+    try:
+        measured = run_wrk(
+            server, scenario, args, round_no, connections=connections, duration=duration
+        )
+    finally:
+        if paused:
+            os.kill(server.worker_pid, signal.SIGCONT)
     after = settled_rows(server, scenario)
+    if SCENARIOS[scenario].get("runner") in PROCESSING_RUNNERS:
+        # Each round drains what it recorded before the next scenario starts.
+        latency = processing_latency(server, scenario, last_event)
+        if not paused:  # a paused worker's latency is the pause's
+            measured.update(latency)
+    elif scenario == "inbox":
+        park_unprocessed(server)
     for rows, share in COUNTS[scenario].items():
         expected = measured["requests"] * share
         written = after[rows] - before[rows]
@@ -386,6 +464,44 @@ def checked_run(
                 f"{scenario}: {written} {rows} for {measured['requests']:.0f} requests"
             )
     return measured
+
+
+def latest_event(server: Server) -> int:
+    with DATABASES[server.database].connect(DATABASE) as connection:
+        return int(scalar(connection, f"SELECT coalesce(max(id), 0) FROM {TABLES['inbox events']}"))
+
+
+def processing_latency(server: Server, scenario: str, after_event: int) -> Measure:
+    """Once the events recorded after ``after_event`` are processed: their latency's p50, p95."""
+    table, where = TABLES["inbox events"], f"id > {after_event:d}"
+    deadline = time.monotonic() + 600
+    with DATABASES[server.database].connect(DATABASE) as connection:
+        pending = f"SELECT count(*) FROM {table} WHERE {where} AND status <> 'processed'"
+        while scalar(connection, pending):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{scenario}: events left unprocessed")
+            time.sleep(0.1)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT received_at, processed_at FROM {table} WHERE {where}")
+            seconds = sorted((done - received).total_seconds() for received, done in cursor)
+    if not seconds:
+        raise SystemExit(f"{scenario}: no event recorded")
+    return {
+        "latency_p50": 1000 * seconds[len(seconds) // 2],
+        "latency_p95": 1000 * seconds[min(len(seconds) - 1, int(len(seconds) * 0.95))],
+    }
+
+
+def park_unprocessed(server: Server) -> None:
+    """Take the Celery scenario's events, which no Celery worker processes, off the schedule.
+
+    Otherwise the "database" runner's worker would process them a minute later, in the middle of
+    another scenario.
+    """
+    with DATABASES[server.database].connect(DATABASE) as connection, connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {TABLES['inbox events']} SET next_attempt_at = NULL WHERE status = 'received'"
+        )
 
 
 def _millis(text: str) -> float:

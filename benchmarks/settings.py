@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from example_project.settings import *  # noqa: F403
 
 ROOT_URLCONF = "benchmarks.urls"
@@ -15,9 +17,10 @@ DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
 
 # The inbox hands events to Celery over Redis, as in production; no worker runs during the
-# measurement, so what is measured is the ingest: verify, record once, enqueue.
-IDEMPOTENCY = {**IDEMPOTENCY, "INBOX_RUNNER": "celery"}  # noqa: F405
-CELERY_BROKER_URL = "redis://127.0.0.1:6379/13"
+# measurement, so what is measured is the ingest: verify, record once, enqueue. run.py serves
+# the other runners ("inline", "database") from servers of their own, set by BENCH_INBOX_RUNNER.
+IDEMPOTENCY = {**IDEMPOTENCY, "INBOX_RUNNER": os.environ.get("BENCH_INBOX_RUNNER", "celery")}  # noqa: F405
+CELERY_BROKER_URL = f"redis://127.0.0.1:6379/{os.environ.get('BENCH_REDIS_DB', '13')}"
 CELERY_TASK_ALWAYS_EAGER = False
 
 # The replay cache of the cached-* scenarios' view (benchmarks/urls.py), as the example sets it up

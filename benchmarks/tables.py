@@ -26,6 +26,9 @@ LABELS = {
     "cached-replay": "`cached-replay`: with the replay cache (Redis), same key each time",
     "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
     "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
+    "inbox-inline": "`inbox-inline`: the same, then run the handler in the request",
+    "inbox-database": "`inbox-database`: the same, record only (the worker paused)",
+    "inbox-database-worker": "`inbox-database-worker`: the same, its worker running beside",
 }
 PLOT_LABELS = {
     "bare": "bare view (no idempotency)",
@@ -79,9 +82,24 @@ def requests_section(results: Results, args: argparse.Namespace) -> str:
 def webhooks_section(results: Results, args: argparse.Namespace) -> str:
     return (
         "Signed `refund.succeeded` events, each delivered twice (50% duplicates), in the same "
-        "rounds; every round checked that the inbox recorded one event per two requests.\n\n"
+        "rounds; every round checked that the inbox recorded one event per two requests. Each "
+        "runner has its own gunicorn. The `database` runner's one worker "
+        "(`idempotency_inbox --forever`) runs on the same cores; during `inbox-database` it is "
+        "paused (SIGSTOP), so that the figure is the ingest's alone.\n\n"
         + _scenario_table(results.rounds, WEBHOOK_SCENARIOS)
+        + "\n\nProcessing latency, from the event's recording to its handler's commit "
+        "(`processed_at - received_at`, every event of the round, medians of the rounds); "
+        "each round waited until every event was processed:\n\n" + latency_table(results.rounds)
     )
+
+
+def latency_table(rounds: Runs) -> str:
+    names = [name for name in WEBHOOK_SCENARIOS if "latency_p50" in rounds[name][0]]
+    rows = []
+    for name in names:
+        row = median(rounds[name])
+        rows.append([LABELS[name], millis(row["latency_p50"]), millis(row["latency_p95"])])
+    return table(["scenario", "p50", "p95"], rows)
 
 
 def bursts_section(results: Results, args: argparse.Namespace) -> str:

@@ -5,24 +5,30 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import defaultdict
+from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
+from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db import router
+from django.db import connections, router
+from django.db.models import Q
 from django.shortcuts import redirect
-from django.urls import path
+from django.urls import NoReverseMatch, path, reverse
 from django.utils import timezone
 from django.utils.decorators import method_decorator
+from django.utils.formats import date_format
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 from django.views.decorators.http import require_POST
 
-from django_idempotency.conf import UNSAFE_METHODS
+from django_idempotency.conf import TASK_METHOD, UNSAFE_METHODS
 from django_idempotency.inbox import processing as inbox
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
@@ -31,8 +37,10 @@ from django_idempotency.store import KeyStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from datetime import datetime
 
-    from django.db.models import QuerySet
+    from django.contrib.admin.views.main import ChangeList
+    from django.db.models import Model, QuerySet
     from django.http import HttpRequest, HttpResponse
     from django.urls import URLPattern
     from django.utils.functional import _StrPromise
@@ -49,20 +57,38 @@ SHOWN_BODY_BYTES = 64 * 1024
 PURGE_SECONDS = 10.0
 
 
-class ExpiredFilter(admin.SimpleListFilter):
-    title = _("expired")
-    parameter_name = "expired"
+class ExpiresFilter(admin.SimpleListFilter):
+    """When keys expire: each choice is a range that the expiry index serves."""
+
+    title = _("expires")
+    parameter_name = "expires"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        # No "No": on a large table of live keys it would walk the expiry index end to end.
-        return [("yes", _("Yes"))]
+        # No "not expired": on a large table of live keys it would walk the expiry index end
+        # to end.
+        return [
+            ("expired", _("Expired")),
+            ("hour", _("Within an hour")),
+            ("today", _("Today")),
+            ("week", _("This week")),
+        ]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> QuerySet[IdempotencyKey]:
-        if self.value() == "yes":
-            return queryset.filter(expires_at__lte=timezone.now())
-        return queryset
+        now = timezone.now()
+        if self.value() == "expired":
+            return queryset.filter(expires_at__lte=now)
+        midnight = timezone.localtime(now).replace(hour=0, minute=0, second=0, microsecond=0)
+        until = {
+            "hour": now + timedelta(hours=1),
+            "today": midnight + timedelta(days=1),
+            # Weeks start on Monday, as ISO 8601 has them.
+            "week": midnight + timedelta(days=7 - midnight.weekday()),
+        }.get(self.value() or "")
+        if until is None:
+            return queryset
+        return queryset.filter(expires_at__gt=now, expires_at__lte=until)
 
 
 class StuckLeaseFilter(admin.SimpleListFilter):
@@ -103,12 +129,78 @@ class MethodFilter(admin.SimpleListFilter):
     parameter_name = "method"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [(method, method) for method in sorted(UNSAFE_METHODS)]
+        methods = [(method, method) for method in sorted(UNSAFE_METHODS)]
+        return [*methods, (TASK_METHOD, _("Celery task"))]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> QuerySet[IdempotencyKey]:
         return queryset.filter(method=self.value()) if self.value() else queryset
+
+
+# Longer keys are cut to this many characters in the list; the full key is in the cell's title
+# and on the key's page. A UUID keeps its first two groups (the demo prints its first eight).
+KEY_SHOWN = 13
+
+
+def _short_id(value: str, shown: int = KEY_SHOWN) -> str:
+    """``value`` in a monospace cell, cut to ``shown`` characters; whole in its title."""
+    short = value if len(value) <= shown + 3 else f"{value[:shown]}…"
+    return format_html('<span class="idempotency-id" title="{}">{}</span>', value, short)
+
+
+def _moment(moment: datetime) -> str:
+    """A time in a list's narrow column, to the minute; its page shows it in full."""
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        moment.isoformat(),
+        date_format(timezone.localtime(moment), "DATETIME_FORMAT"),
+        # No year: keys live a day, and events and messages days.
+        date_format(timezone.localtime(moment), "j M H:i"),
+    )
+
+
+def _moment_column(model: type[Model], name: str) -> Callable[[Any], str]:
+    """A list column showing the time in ``name`` as :func:`_moment` does."""
+    field = model._meta.get_field(name)
+
+    @admin.display(description=field.verbose_name, ordering=name)  # type: ignore[union-attr] # a concrete field
+    def column(obj: Any) -> str:
+        moment = getattr(obj, name)
+        return "—" if moment is None else _moment(moment)
+
+    column.__name__ = name  # the cells' class: field-<name>
+    return column
+
+
+def _principal(scope: str) -> str:
+    """The principal part of a scope the default scope function built: ``auth.user:1``."""
+    return scope.split(" ", 1)[0]
+
+
+def _principal_target(principal: str) -> tuple[type[Model], Any] | None:
+    """The model and primary key a principal such as ``auth.user:1`` names, if it names one."""
+    label, _colon, pk = principal.rpartition(":")
+    if "." not in label:
+        return None
+    try:
+        model = apps.get_model(label)
+        return model, model._meta.pk.to_python(pk)
+    except (LookupError, ValueError, ValidationError):
+        return None
+
+
+def _prefix(field: str, prefix: str, vendor: str) -> Q:
+    """Rows whose ``field`` starts with ``prefix``, case-sensitively, in a form an index serves.
+
+    PostgreSQL: ``LIKE 'prefix%'``, which an index with a pattern operator class serves (see
+    migration 0007). MariaDB (binary collation, migration 0005) and SQLite compare byte for
+    byte, so a range on the field's plain index is the prefix; SQLite's LIKE would ignore case.
+    """
+    if vendor == "postgresql" or not prefix:
+        return Q(**{f"{field}__startswith": prefix})
+    after = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    return Q(**{f"{field}__gte": prefix, f"{field}__lt": after})
 
 
 def _header_table(headers: dict[str, str]) -> str:
@@ -135,7 +227,11 @@ class _ReadOnlyAdmin(_ModelAdmin):
     ordering = ["-id"]
     # A count of a large, busy table is a full scan; the pager does without it.
     show_full_result_count = False
+    # Nor the filters' counts ("Show counts"): one count of the table per choice.
+    show_facets = admin.ShowFacets.NEVER
     list_per_page = 50
+    # One dash for every empty field: Django's own "-" beside our "—" read as two meanings.
+    empty_value_display = "—"
     # The one field the search box matches exactly: only an exact match can use its index
     # (the default search would scan every row).
     exact_search_field = "id"
@@ -156,6 +252,14 @@ class _ReadOnlyAdmin(_ModelAdmin):
         if value is None:
             return queryset.none(), False
         return queryset.filter(**{self.exact_search_field: value}), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        # The lists need the width: at 1366 pixels, beside the site's navigation and the
+        # filters, their last columns would scroll out of sight. The breadcrumbs lead back.
+        extra_context = {"is_nav_sidebar_enabled": False, **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # What a client was told, what arrived, what left: evidence, so nothing is editable.
@@ -179,6 +283,11 @@ class _ReadOnlyAdmin(_ModelAdmin):
     @admin.display(description=_("headers"))
     def kept_headers(self, obj: Any) -> str:
         return _header_table(obj.headers)
+
+    @admin.display(description=_("last error"))
+    def error(self, obj: Any) -> str:
+        # Shown as the traceback is when there is none, rather than as Django's "-".
+        return str(obj.last_error) or "—"
 
     def _act(
         self,
@@ -207,34 +316,29 @@ class _ReadOnlyAdmin(_ModelAdmin):
 
 @admin.register(IdempotencyKey)
 class IdempotencyKeyAdmin(_ReadOnlyAdmin):
-    # The scope names the principal as well as the method and route: one key may serve several.
+    # Who, and the operation: the scope names both, and one key may serve several.
     list_display = [
-        "key",
-        "scope",
+        "short_key",
+        "who",
+        "operation",
         "state",
-        "response_status",
-        "created_at",
-        "expires_at",
+        "status",
+        "created",
+        "expires",
         "replay_count",
     ]
     # Dates by expiry, as ranges the expiry index serves. Not date_hierarchy: it lists the
     # distinct days by reading every row (half a second at 1,000,000 keys). Not by creation:
     # that would need one more index, updated by every request.
-    list_filter = [
-        "state",
-        ExpiredFilter,
-        StuckLeaseFilter,
-        NeedsAttentionFilter,
-        MethodFilter,
-        ("expires_at", admin.DateFieldListFilter),
-    ]
+    list_filter = ["state", ExpiresFilter, StuckLeaseFilter, NeedsAttentionFilter, MethodFilter]
     search_fields = ["key"]
-    # Case-sensitive: a key is an opaque token.
-    exact_search_field = "key"
-    search_help_text = _("The exact Idempotency-Key.")
+    search_help_text = _(
+        "A key or its first characters (case-sensitive); a username for that user's keys; "
+        "route: and the start of a route pattern for its keys (route:payments/)."
+    )
     actions = ["release_expired_leases", "delete_expired"]
     fieldsets = [
-        (None, {"fields": ["key", "scope", "method", "route", "state", "fingerprint"]}),
+        (None, {"fields": ["key", "who", "scope", "method", "route", "state", "fingerprint"]}),
         (
             _("Stored response"),
             {"fields": ["response_status", "stored_headers", "stored_body"]},
@@ -255,6 +359,97 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
             },
         ),
     ]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Any], search_term: str
+    ) -> tuple[QuerySet[Any], bool]:
+        # Each form is one condition that an index serves, but the route's: an OR of them
+        # would read the whole table.
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        vendor = connections[queryset.db].vendor
+        if term.startswith("route:"):
+            route = term.removeprefix("route:").strip().lstrip("/")
+            return queryset.filter(_prefix("route", route, vendor)), False
+        users = get_user_model()
+        user = users._default_manager.filter(**{users.USERNAME_FIELD: term}).first()
+        if user is not None:
+            # What get_principal() puts before the method.
+            principal = f"{user._meta.label_lower}:{user.pk} "
+            return queryset.filter(_prefix("scope", principal, vendor)), False
+        if not term.isascii() or not term.isprintable() or " " in term:
+            return queryset.none(), False  # no key has such characters
+        return queryset.filter(_prefix("key", term, vendor)), False
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        changelist = super().get_changelist_instance(request)
+        self._name_principals(request, changelist.result_list)
+        return changelist
+
+    def _name_principals(self, request: HttpRequest, keys: Any) -> None:
+        """Name each key's principal, with one query per kind of principal on the page."""
+        wanted: dict[type[Model], dict[Any, list[IdempotencyKey]]] = defaultdict(dict)
+        for key in keys:
+            principal = _principal(key.scope)
+            key._principal = (principal, None)
+            if target := _principal_target(principal):
+                model, pk = target
+                wanted[model].setdefault(pk, []).append(key)
+        for model, by_pk in wanted.items():
+            url_name = f"admin:{model._meta.app_label}_{model._meta.model_name}_change"
+            model_admin = self.admin_site._registry.get(model)
+            linked = model_admin is not None and model_admin.has_view_or_change_permission(request)
+            for obj in model._default_manager.filter(pk__in=by_pk):
+                name = obj.get_username() if hasattr(obj, "get_username") else str(obj)
+                url = None
+                if linked:
+                    try:
+                        url = reverse(url_name, args=[obj.pk], current_app=self.admin_site.name)
+                    except NoReverseMatch:
+                        url = None
+                for key in by_pk.get(obj.pk, []):
+                    key._principal = (name, url)  # type: ignore[attr-defined]
+
+    def get_object(
+        self, request: HttpRequest, object_id: str, from_field: str | None = None
+    ) -> IdempotencyKey | None:
+        key = super().get_object(request, object_id, from_field)
+        if key is not None:
+            self._name_principals(request, [key])
+        return key
+
+    @admin.display(description=_("key"), ordering="key")
+    def short_key(self, obj: IdempotencyKey) -> str:
+        return _short_id(obj.key)
+
+    @admin.display(description=_("who"))
+    def who(self, obj: IdempotencyKey) -> str:
+        """The principal as a person reads it: a username, linked to the user's page."""
+        name, url = getattr(obj, "_principal", (_principal(obj.scope), None))
+        if url:
+            return format_html('<a href="{}">{}</a>', url, name)
+        return name
+
+    @admin.display(description=_("operation"), ordering="route")
+    def operation(self, obj: IdempotencyKey) -> str:
+        # A long route pattern is cut by the style sheet; the title holds it whole.
+        operation = f"{obj.method} {obj.route}"
+        return format_html(
+            '<span class="idempotency-route" title="{}">{}</span>', operation, operation
+        )
+
+    @admin.display(description=_("status"), ordering="response_status")
+    def status(self, obj: IdempotencyKey) -> int | None:
+        return obj.response_status
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created(self, obj: IdempotencyKey) -> str:
+        return _moment(obj.created_at)
+
+    @admin.display(description=_("expires at"), ordering="expires_at")
+    def expires(self, obj: IdempotencyKey) -> str:
+        return _moment(obj.expires_at)
 
     def get_urls(self) -> list[URLPattern]:
         purge = path(
@@ -367,14 +562,17 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
 @admin.register(InboxEvent)
 class InboxEventAdmin(_ReadOnlyAdmin):
     list_display = [
-        "event_id",
+        "short_event_id",
         "source",
         "event_type",
         "status",
         "attempts",
-        "received_at",
-        "next_attempt_at",
-        "processed_at",
+        "deliveries",
+        *(
+            _moment_column(InboxEvent, name)
+            # Not when it was processed: its status says whether, its page says when.
+            for name in ("received_at", "last_delivered_at", "next_attempt_at")
+        ),
     ]
     list_filter = ["status", "source", "event_type"]
     search_fields = ["event_id"]
@@ -384,16 +582,26 @@ class InboxEventAdmin(_ReadOnlyAdmin):
     actions = ["reprocess", "retry_now", "mark_dead"]
     fieldsets = [
         (None, {"fields": ["source", "event_id", "event_type", "status", "payload_hash"]}),
-        (_("Delivery"), {"fields": ["pretty_payload", "kept_headers"]}),
+        (
+            _("Delivery"),
+            {
+                "fields": [
+                    "pretty_payload",
+                    "kept_headers",
+                    "deliveries",
+                    "received_at",
+                    "last_delivered_at",
+                ]
+            },
+        ),
         (
             _("Processing"),
             {
                 "fields": [
                     "attempts",
-                    "received_at",
                     "next_attempt_at",
                     "processed_at",
-                    "last_error",
+                    "error",
                     "traceback",
                 ]
             },
@@ -401,6 +609,10 @@ class InboxEventAdmin(_ReadOnlyAdmin):
     ]
 
     # A deleted event would be processed again when its sender redelivers it: no deleting.
+
+    @admin.display(description=_("event id"), ordering="event_id")
+    def short_event_id(self, obj: InboxEvent) -> str:
+        return _short_id(obj.event_id, shown=24)
 
     @admin.display(description=_("last traceback"))
     def traceback(self, obj: InboxEvent) -> str:
@@ -433,14 +645,15 @@ class InboxEventAdmin(_ReadOnlyAdmin):
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(_ReadOnlyAdmin):
     list_display = [
-        "message_id",
+        "short_message_id",
         "topic",
         "ordering_key",
         "status",
         "attempts",
-        "created_at",
-        "next_attempt_at",
-        "dispatched_at",
+        *(
+            _moment_column(OutboxMessage, name)
+            for name in ("created_at", "next_attempt_at", "dispatched_at")
+        ),
     ]
     list_filter = ["status", "topic"]
     search_fields = ["message_id"]
@@ -459,7 +672,7 @@ class OutboxMessageAdmin(_ReadOnlyAdmin):
                     "created_at",
                     "next_attempt_at",
                     "dispatched_at",
-                    "last_error",
+                    "error",
                 ]
             },
         ),
@@ -470,6 +683,10 @@ class OutboxMessageAdmin(_ReadOnlyAdmin):
             return uuid.UUID(term)
         except ValueError:
             return None  # a malformed id matches nothing
+
+    @admin.display(description=_("message id"), ordering="message_id")
+    def short_message_id(self, obj: OutboxMessage) -> str:
+        return _short_id(str(obj.message_id))
 
     # A message deleted before it was sent is lost; the purge deletes the dispatched ones, so
     # the page deletes nothing.

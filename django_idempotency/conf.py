@@ -55,7 +55,8 @@ DEFAULTS: dict[str, Any] = {
     # Alias of a Django cache (Redis) that serves replays before the database; None: off.
     "CACHE": None,
     # Webhook inbox: "inline" processes an event in the request that recorded it, right after
-    # the commit; "celery" hands it to a Celery worker.
+    # the commit; "celery" hands it to a Celery worker; "database" only records it, for the
+    # workers of `manage.py idempotency_inbox --forever` to take from the table.
     "INBOX_RUNNER": "inline",
     # Attempts at processing an event before it is dead and waits for a person.
     "INBOX_MAX_ATTEMPTS": 10,
@@ -78,9 +79,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+# What the keys of idempotent Celery tasks hold in place of an HTTP method.
+TASK_METHOD = "TASK"
 AnonymousPolicy = Literal["shared", "reject"]
 Mode = Literal["atomic", "lease"]
 Runner = Literal["inline", "celery"]
+InboxRunner = Literal["inline", "celery", "database"]
 
 
 @cache
@@ -211,6 +215,12 @@ def _runner(value: Any) -> str | None:
     return None if value in ("inline", "celery") else "must be 'inline' or 'celery'"
 
 
+def _inbox_runner(value: Any) -> str | None:
+    if value in ("inline", "celery", "database"):
+        return None
+    return "must be 'inline', 'celery' or 'database'"
+
+
 def _positive_int(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0:
         return None
@@ -255,7 +265,7 @@ RULES: dict[str, Rule] = {
     "MODE": Rule("django_idempotency.E014", _mode),
     "LEASE_TIMEOUT": Rule("django_idempotency.E015", _ttl, _seconds),
     "CACHE": Rule("django_idempotency.E016", _cache),
-    "INBOX_RUNNER": Rule("django_idempotency.E017", _runner),
+    "INBOX_RUNNER": Rule("django_idempotency.E017", _inbox_runner),
     "INBOX_MAX_ATTEMPTS": Rule("django_idempotency.E018", _positive_int, int),
     "INBOX_RETRY_DELAY": Rule("django_idempotency.E019", _ttl, _seconds),
     "INBOX_RETRY_MAX_DELAY": Rule("django_idempotency.E020", _ttl, _seconds),
@@ -321,7 +331,7 @@ class IdempotencySettings:
     RECONCILE = _Setting[Callable[..., Any] | None]()
     RECONCILE_TIMEOUT = _Setting[timedelta]()
     LEASE_TIMEOUT = _Setting[timedelta]()
-    INBOX_RUNNER = _Setting[Runner]()
+    INBOX_RUNNER = _Setting[InboxRunner]()
     INBOX_MAX_ATTEMPTS = _Setting[int]()
     INBOX_RETRY_DELAY = _Setting[timedelta]()
     INBOX_RETRY_MAX_DELAY = _Setting[timedelta]()

@@ -14,6 +14,11 @@ example project's view) exposes them too:
 - ``django_idempotency_retry_delay_seconds{component}``: the delay of each retry scheduled by
   the retry client, the inbox or the outbox;
 - ``django_idempotency_client_retries_total{host, reason}``: the retry client's retries;
+- ``django_idempotency_inbox_refused_total{source, reason}``: deliveries refused before
+  anything was recorded, by the problem's code (``inbox.signature_invalid`` for a forged or
+  tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
+- ``django_idempotency_tasks_total{outcome, task}``: deliveries of idempotent Celery tasks, by
+  outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``, ``not_stored``) and task;
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_unsettled_leases`` (keys the reconcile hook
   could not settle, waiting for a person), ``django_idempotency_inbox_due_events``,
@@ -73,6 +78,11 @@ INBOX_EVENTS = Counter(
     "Webhook inbox steps, by source and outcome.",
     ["source", "outcome"],
 )
+TASKS = Counter(
+    "django_idempotency_tasks",
+    "Idempotent Celery task deliveries, by outcome and task.",
+    ["outcome", "task"],
+)
 
 RETRY_DELAY = Histogram(
     "django_idempotency_retry_delay_seconds",
@@ -94,9 +104,24 @@ def _count_retry(*, component: str, delay: float, **details: Any) -> None:
         CLIENT_RETRIES.labels(host=details["host"], reason=details["reason"]).inc()
 
 
+INBOX_REFUSED = Counter(
+    "django_idempotency_inbox_refused",
+    "Webhook deliveries refused before anything was recorded, by source and reason.",
+    ["source", "reason"],
+)
+
+
 def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
     REQUESTS.labels(outcome=outcome, route=route or "").inc()
     OVERHEAD.labels(outcome=outcome).observe(overhead)
+
+
+def _count_refusal(*, source: str, reason: str, **_: Any) -> None:
+    INBOX_REFUSED.labels(source=source, reason=reason).inc()
+
+
+def _count_task(*, outcome: str, task: str, **_: Any) -> None:
+    TASKS.labels(outcome=outcome, task=task).inc()
 
 
 def _inbox_receiver(outcome: str) -> Any:
@@ -221,6 +246,7 @@ class CircuitCollector(Collector):
 def _connect() -> None:
     for signal in signals.DECISION_SIGNALS:
         signal.connect(_count_decision, dispatch_uid="django_idempotency.metrics", weak=False)
+    signals.task_decided.connect(_count_task, dispatch_uid="django_idempotency.metrics", weak=False)
     for signal, outcome in (
         (signals.inbox_event_received, "received"),
         (signals.inbox_event_duplicate, "duplicate"),
@@ -233,6 +259,9 @@ def _connect() -> None:
         )
     outcomes.retry_scheduled.connect(
         _count_retry, dispatch_uid="django_idempotency.metrics", weak=False
+    )
+    signals.inbox_delivery_refused.connect(
+        _count_refusal, dispatch_uid="django_idempotency.metrics", weak=False
     )
     REGISTRY.register(BacklogCollector())
     if _CLIENT:

@@ -338,6 +338,17 @@ class InboxEvent(models.Model):
         _("attempts"), default=0, help_text=_("Processing attempts started, the current included.")
     )
     received_at = models.DateTimeField(_("received at"), default=timezone.now)
+    deliveries = models.PositiveIntegerField(
+        _("deliveries"),
+        default=1,
+        help_text=_("Times the sender delivered the event, duplicates included."),
+    )
+    last_delivered_at = models.DateTimeField(
+        _("last delivered at"),
+        null=True,
+        blank=True,
+        help_text=_("When the last duplicate delivery arrived; empty if none did."),
+    )
     next_attempt_at = models.DateTimeField(
         _("next attempt at"),
         null=True,

@@ -64,6 +64,17 @@ inbox_event_failed = Signal()
 #: The event failed ``INBOX_MAX_ATTEMPTS`` times and is retried no more; ``error`` is the last
 #: exception, or ``None`` when the worker died during the last attempt.
 inbox_event_dead = Signal()
+#: A delivery was refused before anything was recorded: sent with ``sender`` set to the receiver
+#: view's class, ``source`` and ``reason`` (the problem's code, e.g. ``inbox.signature_invalid``).
+inbox_delivery_refused = Signal()
+
+
+# The idempotent tasks' signal is sent with ``sender`` set to the Celery task, and ``task`` (its
+# name), ``key``, ``scope``, ``outcome`` (``stored``, ``replayed``, ``mismatch``, ``in_progress``
+# or ``not_stored``), ``attempt`` and ``error`` (what the body raised, or ``None``).
+
+#: An idempotent Celery task's delivery was decided.
+task_decided = Signal()
 
 
 def send_robustly(signal: Signal, sender: object, **kwargs: object) -> None:

@@ -97,7 +97,7 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         f"SELECT {', '.join(c(name) for name in HOLDER)} FROM {t} "  # noqa: S608
         f"WHERE {c('scope')} = %s AND {c('key')} = %s"
     )
-    # Replays are counted in memory and written in batches (replays.py), to the row they
+    # Replays are counted in memory and written in batches (counting.py), to the row they
     # were counted on: a key taken over since then starts afresh.
     count_replays = (
         f"UPDATE {t} SET {c('replay_count')} = {c('replay_count')} + %s, "  # noqa: S608

@@ -11,7 +11,7 @@ there is the database's busy timeout, and a wait past it is a retryable 503. Mar
 an insert that locks the row holding the key (see ``MariaDBKeyStore``). The statements
 themselves are in ``statements.py``.
 
-A replay writes nothing: its count waits in memory (``replays.py``).
+A replay writes nothing: its count waits in memory (``counting.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import OperationalError, connections, transaction
 
 from django_idempotency import statements
-from django_idempotency.replays import Count, ReplayCounts
+from django_idempotency.counting import Count, DeferredCounts
 from django_idempotency.statements import MariaDBStatements, Statements, key_field
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ class KeyStore:
     def write_replay_counts(self, counts: Mapping[tuple[int, int], Count]) -> None:
         """Add replays counted in memory to their rows, in one transaction of their own."""
         params = [
-            [count.replays, *[self._prep("last_replayed_at", count.last_at)] * 2, id_, version]
+            [count.times, *[self._prep("last_replayed_at", count.last_at)] * 2, id_, version]
             for (id_, version), count in sorted(counts.items())  # in id order: no deadlocks
         ]
         with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
@@ -482,7 +482,7 @@ class MariaDBKeyStore(KeyStore):
 
 
 # This process's replays, written to their rows about a second after they were counted.
-replay_counts = ReplayCounts(lambda using, counts: KeyStore(using).write_replay_counts(counts))
+replay_counts = DeferredCounts(lambda using, counts: KeyStore(using).write_replay_counts(counts))
 
 
 def placeholders(values: Sequence[Any]) -> str:

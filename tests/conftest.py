@@ -123,10 +123,14 @@ def vendor():
 
 
 @pytest.fixture(autouse=True)
-def unwritten_replay_counts():
-    """Each test starts without replay counts from another, whose rows were rolled back."""
+def unwritten_counts():
+    """Each test starts without replay or delivery counts from another, whose rows were rolled
+    back."""
+    from django_idempotency.inbox.receiving import delivery_counts  # noqa: PLC0415
     from django_idempotency.store import replay_counts  # noqa: PLC0415 - needs the app registry
 
-    replay_counts.discard()
+    for counts in (replay_counts, delivery_counts):
+        counts.discard()
     yield replay_counts
-    replay_counts.discard()
+    for counts in (replay_counts, delivery_counts):
+        counts.discard()

@@ -11,7 +11,7 @@ IMPORTED_BY = {
     "rest_framework": ("drf", "openapi", "testing"),
     "drf_spectacular": ("openapi",),
     "ninja": ("ninja",),
-    "celery": ("tasks",),
+    "celery": ("tasks", "celery"),
     "tenacity": ("client",),
     "httpx": ("client",),
     "requests": ("client",),

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from django_idempotency import admin as admin_module
+from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
+from tests.conftest import POSTGRESQL
 from tests.factories import IdempotencyKeyFactory, OutboxMessageFactory, UserFactory
 from tests.inbox import deliver, refund_event
 from tests.testapp import outbox as test_outbox
@@ -47,17 +54,115 @@ def test_the_changelist_shows_keys_without_counting_them_all(admin_client, store
     assert response.context["cl"].show_full_result_count is False
 
 
-def test_the_expired_filter(admin_client, stored):
-    expired = admin_client.get(CHANGELIST, {"expired": "yes"}).context["cl"].result_list
-    assert [key.key for key in expired] == ["old-key"]
+def shown_keys(admin_client, **params):
+    return sorted(key.key for key in admin_client.get(CHANGELIST, params).context["cl"].result_list)
 
 
-def test_search_is_by_exact_key(admin_client, stored):
-    assert [
-        k.key for k in admin_client.get(CHANGELIST, {"q": "live-key"}).context["cl"].result_list
-    ] == ["live-key"]
-    assert list(admin_client.get(CHANGELIST, {"q": "live"}).context["cl"].result_list) == []
-    assert list(admin_client.get(CHANGELIST, {"q": "LIVE-KEY"}).context["cl"].result_list) == []
+def test_the_expiry_filter_offers_ranges_that_fit_keys_that_expire_later(admin_client, stored):
+    IdempotencyKeyFactory(key="in-half-an-hour", created_at=timezone.now() - timedelta(hours=23.5))
+    IdempotencyKeyFactory(key="in-six-days", expires_at=timezone.now() + timedelta(days=6))
+    cl = admin_client.get(CHANGELIST).context["cl"]
+    spec = next(
+        spec for spec in cl.filter_specs if getattr(spec, "parameter_name", "") == "expires"
+    )
+    assert [title for _value, title in spec.lookup_choices] == [
+        "Expired",
+        "Within an hour",
+        "Today",
+        "This week",
+    ]
+    now = timezone.localtime()
+    tomorrow = (now + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    next_monday = tomorrow + timedelta(days=6 - now.weekday())
+    expiries = dict(IdempotencyKey.objects.values_list("key", "expires_at"))
+
+    def expiring_by(until):
+        return sorted(key for key, expires in expiries.items() if now < expires <= until)
+
+    assert shown_keys(admin_client, expires="expired") == ["old-key"]
+    assert shown_keys(admin_client, expires="hour") == ["in-half-an-hour"]
+    assert shown_keys(admin_client, expires="today") == expiring_by(tomorrow)
+    assert shown_keys(admin_client, expires="week") == expiring_by(next_monday)
+    assert "in-half-an-hour" in expiring_by(tomorrow) or now.hour == 23
+    assert len(shown_keys(admin_client)) == 5
+
+
+def test_search_by_the_first_characters_of_a_key_case_sensitively(admin_client, stored):
+    IdempotencyKeyFactory(key="b5a91b5c-8f0e-4c53-9a57-31c2d1b0e7aa")
+    IdempotencyKeyFactory(key="b5a91b5d-0000-4000-8000-000000000000")
+
+    assert shown_keys(admin_client, q="live-key") == ["live-key"]
+    assert shown_keys(admin_client, q="live") == ["live-key"]
+    assert shown_keys(admin_client, q="LIVE") == []
+    assert shown_keys(admin_client, q=" b5a91b5c ") == ["b5a91b5c-8f0e-4c53-9a57-31c2d1b0e7aa"]
+    assert len(shown_keys(admin_client, q="b5a91b5")) == 2
+    # "%" and "_" are no wildcards; characters no key may hold match nothing.
+    assert shown_keys(admin_client, q="l%") == shown_keys(admin_client, q="liv_") == []
+    assert shown_keys(admin_client, q="li ve") == shown_keys(admin_client, q="clé") == []
+
+
+def test_search_by_username_and_by_route(admin_client, stored, client_bob):
+    client_bob.send("POST", "/payments/other-route/", {"amount": 3}, key="bobs-key")
+
+    assert shown_keys(admin_client, q="alice") == ["live-key"]
+    assert shown_keys(admin_client, q="bob") == ["bobs-key"]
+    assert shown_keys(admin_client, q="route:payments/other") == ["bobs-key"]
+    assert shown_keys(admin_client, q="route:/payments/other-route/") == ["bobs-key"]
+    assert len(shown_keys(admin_client, q="route:payments/")) == 4
+    assert shown_keys(admin_client, q="route:refunds/") == []
+
+
+def test_the_list_shows_a_short_key_in_full_on_hover_and_the_principal_by_name(
+    admin_client, stored, alice
+):
+    long_key = "b5a91b5c-8f0e-4c53-9a57-31c2d1b0e7aa"
+    IdempotencyKeyFactory(key=long_key, scope=f"auth.user:{alice.pk} POST payments/")
+    IdempotencyKeyFactory(key="anonymous-key", scope="anonymous POST payments/")
+    IdempotencyKeyFactory(key="gone-key", scope="auth.user:999999 POST payments/")
+
+    page = admin_client.get(CHANGELIST).content.decode()
+
+    assert f'<span class="idempotency-id" title="{long_key}">b5a91b5c-8f0e…</span>' in page
+    assert '<span class="idempotency-id" title="live-key">live-key</span>' in page
+    user_page = f"/admin/auth/user/{alice.pk}/change/"
+    assert page.count(f'<a href="{user_page}">alice</a>') == 2
+    assert "auth.user:999999" in page  # a deleted user is named as the scope names it
+    assert "anonymous" in page
+    assert "POST payments/" in page
+    for column in ("Expires at", "Replay count", "Who"):
+        assert column in page
+
+
+def test_the_principals_of_a_page_are_read_in_one_query(admin_client, stored):
+    def queries():
+        with CaptureQueriesContext(connection) as captured:
+            assert admin_client.get(CHANGELIST).status_code == 200
+        return len(captured)
+
+    one_user = queries()
+    for n in range(5):
+        user = UserFactory(username=f"customer{n}")
+        IdempotencyKeyFactory(scope=f"auth.user:{user.pk} POST payments/")
+
+    assert queries() == one_user
+
+
+def test_the_principal_is_not_linked_for_a_user_who_may_not_view_users(client, stored, alice):
+    viewer = UserFactory(username="viewer", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(codename="view_idempotencykey"))
+    client.force_login(viewer)
+
+    page = client.get(CHANGELIST).content.decode()
+
+    assert "alice" in page
+    assert f"/admin/auth/user/{alice.pk}/change/" not in page
+
+
+def test_the_key_page_names_the_principal(admin_client, stored, alice):
+    page = admin_client.get(f"{CHANGELIST}{stored.pk}/change/").content.decode()
+
+    assert f'<a href="/admin/auth/user/{alice.pk}/change/">alice</a>' in page
+    assert f"auth.user:{alice.pk} POST payments/" in page  # and the scope in full
 
 
 def test_the_detail_page_shows_the_stored_response_pretty(admin_client, stored):
@@ -201,6 +306,28 @@ def test_the_inbox_detail_page_shows_the_payload_headers_and_error(admin_client,
     assert 'name="_save"' not in ok
     assert "RuntimeError: the ledger is unavailable (attempt 1)" in failed
     assert "Traceback (most recent call last)" in failed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_inbox_shows_how_often_an_event_was_delivered_and_when_last(admin_client, events):
+    deliver(refund_event("evt_ok", amount=42))
+    deliver(refund_event("evt_ok", amount=42))
+    delivery_counts.flush()  # what a timer thread does about a second later
+    ok = InboxEvent.objects.get(event_id="evt_ok")
+
+    listed = {
+        event.event_id: event.deliveries
+        for event in admin_client.get(INBOX).context["cl"].result_list
+    }
+    page = admin_client.get(f"{INBOX}{ok.pk}/change/").content.decode()
+
+    assert listed == {"evt_ok": 3, "evt_failed": 1, "evt_dead": 1}
+    assert "Deliveries" in admin_client.get(INBOX).content.decode()
+    assert ok.last_delivered_at > ok.received_at
+    assert "Last delivered at" in page
+    # No error: a dash, as for the traceback.
+    assert '<div class="readonly">—</div>' in page
+    assert '<div class="readonly">-</div>' not in page
 
 
 @pytest.mark.django_db(transaction=True)
@@ -367,12 +494,30 @@ def test_a_purge_cut_short_by_its_time_limit_says_so(admin_client, stored, monke
     assert "Time ran out" in response.content.decode()
 
 
-def test_the_expiry_date_filter_narrows_the_list(admin_client, stored):
-    cl = admin_client.get(CHANGELIST).context["cl"]
-    spec = next(spec for spec in cl.filter_specs if getattr(spec, "field_path", "") == "expires_at")
-    past_week = dict(spec.links)["Past 7 days"]
+@pytest.mark.server_db
+def test_a_key_prefix_search_reads_an_index_not_the_table(rf):
+    import uuid  # noqa: PLC0415
 
-    shown = admin_client.get(CHANGELIST, past_week).context["cl"].result_list
+    from django.contrib import admin  # noqa: PLC0415
 
-    # Up to midnight tonight: the key that expired an hour ago, not those that expire tomorrow.
-    assert [key.key for key in shown] == ["old-key"]
+    keys = [str(uuid.uuid4()) for _ in range(5000)]
+    IdempotencyKey.objects.bulk_create(
+        IdempotencyKeyFactory.build(key=key, scope=f"auth.user:{n % 50} POST payments/")
+        for n, key in enumerate(keys)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {'' if POSTGRESQL else 'TABLE '}django_idempotency_idempotencykey")
+    model_admin = admin.site._registry[IdempotencyKey]
+    found, _ = model_admin.get_search_results(
+        rf.get("/"), IdempotencyKey.objects.order_by("-id"), keys[1234][:8]
+    )
+
+    assert keys[1234] in [key.key for key in found[:50]]
+    # The page, and the capped count of the paginator.
+    for query in (found[:50], found[:10_000].values("pk")):
+        plan = query.explain()
+        # MariaDB compares keys byte for byte: the unique index, which the key leads, serves a
+        # range. PostgreSQL's collation-aware btree cannot: it has an index of its own.
+        index = "idempotency_key_prefix_idx" if POSTGRESQL else "idempotency_scope_key_uniq"
+        assert index in plan, plan
+        assert "Seq Scan" not in plan, plan

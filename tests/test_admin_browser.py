@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish, relay
 from django_idempotency.outbox import relaying as outbox_relaying
+from django_idempotency.store import replay_counts
 from tests.conftest import ApiClient
 from tests.factories import UserFactory
 from tests.inbox import deliver, refund_event
@@ -54,18 +56,25 @@ def page(live_server):
     os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
 
 
+UUID_KEY = "b5a91b5c-8f0e-4c53-9a57-31c2d1b0e7aa"
+
+
 @pytest.fixture
 def keys():
     alice = UserFactory(username="alice")
     client = ApiClient(alice)
     client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
     client.send("POST", "/payments/", {"amount": 1250, "currency": "EUR"}, key="pay-1250")
+    replay_counts.flush()  # what a timer thread does about a second later
     # A business 4xx is kept (a rejected request would not be).
     client.send("POST", "/payments/", {"amount": 5}, key="declined", headers={"X-Status": "402"})
     client.send("POST", "/payments/", {"amount": 70}, key="old-key")
     IdempotencyKey.objects.filter(key="old-key").update(
         expires_at=timezone.now() - timedelta(hours=1)
     )
+    # A client library's key: a UUID, as most send.
+    bob = ApiClient(UserFactory(username="bob"))
+    bob.send("POST", "/payments/other-route/", {"amount": 990, "currency": "EUR"}, key=UUID_KEY)
 
 
 def log_in(page, live_server):
@@ -81,23 +90,83 @@ def images(tmp_path):
     return IMAGES if os.environ.get("UPDATE_ADMIN_SCREENSHOTS") else tmp_path
 
 
+def rows(page):
+    return page.locator("#result_list tbody tr")
+
+
+def assert_every_column_fits(page):
+    # The list scrolls sideways in its box when it does not fit.
+    box = page.locator("#changelist .results")
+    assert box.evaluate("box => box.scrollWidth <= box.clientWidth")
+    assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]
+
+
+def test_the_key_list_fits_1366_pixels_and_finds_keys_by_prefix_user_and_route(
+    page, live_server, keys, images
+):
+    log_in(page, live_server)
+    changelist = f"{live_server.url}/admin/django_idempotency/idempotencykey/"
+    page.set_viewport_size({"width": 1366, "height": 768})
+    page.goto(changelist)
+    expect(rows(page)).to_have_count(4)
+
+    # Every column is in the window, and each key on one line, cut short but whole on hover.
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1366
+    assert_every_column_fits(page)
+    headers = page.locator("#result_list thead").inner_text().lower()
+    assert "expires at" in headers
+    assert "replay count" in headers
+    cell = page.locator(f"#result_list .idempotency-id[title='{UUID_KEY}']")
+    assert cell.inner_text() == "b5a91b5c-8f0e…"
+    font = cell.evaluate("element => getComputedStyle(element).fontFamily")
+    assert "mono" in font.lower(), font
+    heights = {round(row.bounding_box()["height"]) for row in rows(page).all()}
+    assert len(heights) == 1, heights  # no row wraps onto more lines than another
+    page.screenshot(path=images / "admin-keys.png")
+
+    # Who: the username, linked to the user's page.
+    who = rows(page).filter(has_text="b5a91b5c").locator("td.field-who a")
+    assert who.inner_text() == "bob"
+    page.locator("#result_list").screenshot(path=images / "admin-keys-principal.png")
+    who.click()
+    expect(page.locator("#id_username")).to_have_value("bob")
+
+    # The eight characters the demo prints find the key; the key's page shows it whole.
+    page.goto(changelist)
+    page.fill("#searchbar", "b5a91b5c")
+    page.press("#searchbar", "Enter")
+    expect(rows(page)).to_have_count(1)
+    page.screenshot(path=images / "admin-keys-prefix-search.png")
+    page.click("#result_list tbody tr th a")
+    assert page.locator(".field-key .readonly").inner_text() == UUID_KEY
+    assert page.locator(".field-who .readonly").inner_text() == "bob"
+
+    # A username finds that user's keys; route: a route's.
+    for term, count in [("alice", 3), ("bob", 1), ("route:payments/other-route/", 1)]:
+        page.goto(changelist)
+        page.fill("#searchbar", term)
+        page.press("#searchbar", "Enter")
+        expect(rows(page)).to_have_count(count)
+
+    # Filter by expiry: expired; within an hour (none); today.
+    page.goto(changelist)
+    page.click("#changelist-filter >> text=Expired")
+    expect(rows(page)).to_have_count(1)
+    assert "old-key" in page.locator("#result_list").inner_text()
+    page.click("#changelist-filter >> text=Within an hour")
+    expect(rows(page)).to_have_count(0)
+
+
 def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_server, keys, images):
     log_in(page, live_server)
     changelist = f"{live_server.url}/admin/django_idempotency/idempotencykey/"
     page.goto(changelist)
-    expect(page.locator("#result_list tbody tr")).to_have_count(3)
-    page.screenshot(path=images / "admin-keys.png")
-
-    # Filter: expired keys only.
-    page.click("text=Yes")
-    expect(page.locator("#result_list tbody tr")).to_have_count(1)
-    assert "old-key" in page.locator("#result_list").inner_text()
+    expect(rows(page)).to_have_count(4)
 
     # Search by the exact key, open it, read the stored response.
-    page.goto(changelist)
     page.fill("#searchbar", "pay-1250")
     page.press("#searchbar", "Enter")
-    expect(page.locator("#result_list tbody tr")).to_have_count(1)
+    expect(rows(page)).to_have_count(1)
     page.click("#result_list tbody tr th a")
     body = page.locator(".field-stored_body").inner_text()
     assert '"amount": 1250' in body
@@ -127,7 +196,11 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     page.select_option("select[name=action]", "delete_expired")
     page.click("button[name=index]")
     assert "Deleted 1 expired keys" in page.locator(".messagelist").inner_text()
-    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", "declined"}
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {
+        "pay-1250",
+        "declined",
+        UUID_KEY,
+    }
 
     # Or purge every expired key at once, with the button above the list.
     IdempotencyKey.objects.filter(key="declined").update(
@@ -135,14 +208,18 @@ def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_ser
     )
     page.click("#purge-expired")
     assert "Purged 1 expired keys." in page.locator(".messagelist").inner_text()
-    assert list(IdempotencyKey.objects.values_list("key", flat=True)) == ["pay-1250"]
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"pay-1250", UUID_KEY}
 
 
 @pytest.fixture
 def inbox_events():
     deliver(refund_event("evt_refund_ok", amount=1250), headers={"User-Agent": "provider/2"})
+    # The sender did not see the answer in time, and delivered it twice more.
+    deliver(refund_event("evt_refund_ok", amount=1250), headers={"User-Agent": "provider/2"})
+    deliver(refund_event("evt_refund_ok", amount=1250), headers={"User-Agent": "provider/2"})
     deliver(refund_event("evt_refund_retrying", fail_times=5))
     deliver(refund_event("evt_refund_dead", fail="always"))
+    delivery_counts.flush()  # what a timer thread does about a second later
     InboxEvent.objects.filter(event_id="evt_refund_dead").update(
         status="dead", next_attempt_at=None
     )
@@ -158,17 +235,32 @@ def test_an_operator_finds_a_dead_event_reads_why_and_reprocesses_it(
 ):
     log_in(page, live_server)
     changelist = f"{live_server.url}/admin/django_idempotency/inboxevent/"
-    page.set_viewport_size({"width": 1600, "height": 800})  # every column in the picture
+    page.set_viewport_size({"width": 1366, "height": 768})
     page.goto(changelist)
     expect(page.locator("#result_list tbody tr")).to_have_count(3)
     page.screenshot(path=images / "admin-inbox.png")
+    assert_every_column_fits(page)
+    ok = page.locator("#result_list tbody tr", has_text="evt_refund_ok")
+    assert ok.locator("td.field-deliveries").inner_text() == "3"
+    assert ok.locator("td.field-last_delivered_at").inner_text() != "—"
+    dead = page.locator("#result_list tbody tr", has_text="evt_refund_dead")
+    assert dead.locator("td.field-deliveries").inner_text() == "1"
+    assert dead.locator("td.field-last_delivered_at").inner_text() == "—"
+    page.screenshot(path=images / "admin-inbox.png")
+
+    # The processed event: delivered three times, processed once, no error.
+    page.click("#result_list tbody tr >> text=evt_refund_ok")
+    assert page.locator(".field-deliveries .readonly").inner_text() == "3"
+    assert page.locator(".field-error .readonly").inner_text() == "—"
+    assert page.locator(".field-traceback .readonly").inner_text() == "—"
+    page.goto(changelist)
 
     # Filter: dead events only; open the one there is.
     page.click("#changelist-filter >> text=dead")
     expect(page.locator("#result_list tbody tr")).to_have_count(1)
     page.click("#result_list tbody tr th a")
     assert '"fail": "always"' in page.locator(".field-pretty_payload").inner_text()
-    assert "the ledger is unavailable" in page.locator(".field-last_error").inner_text()
+    assert "the ledger is unavailable" in page.locator(".field-error").inner_text()
     assert "Traceback" in page.locator(".field-traceback").inner_text()
     assert page.locator("input[name=_save]").count() == 0  # nothing is editable
     page.screenshot(path=images / "admin-inbox-event.png", full_page=True)
@@ -219,14 +311,15 @@ def outbox_messages(monkeypatch):
 def test_an_operator_redelivers_a_dead_outbox_message(page, live_server, outbox_messages, images):
     log_in(page, live_server)
     changelist = f"{live_server.url}/admin/django_idempotency/outboxmessage/"
-    page.set_viewport_size({"width": 1600, "height": 800})
+    page.set_viewport_size({"width": 1366, "height": 768})
     page.goto(changelist)
     expect(page.locator("#result_list tbody tr")).to_have_count(2)
+    assert_every_column_fits(page)
     page.screenshot(path=images / "admin-outbox.png")
 
     page.click("#changelist-filter >> text=dead")
     page.click("#result_list tbody tr th a")
-    assert "ConnectionError: the consumer is down" in page.locator(".field-last_error").inner_text()
+    assert "ConnectionError: the consumer is down" in page.locator(".field-error").inner_text()
     assert '"payment": 42' in page.locator(".field-pretty_payload").inner_text()
     page.screenshot(path=images / "admin-outbox-message.png", full_page=True)
 

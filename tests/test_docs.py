@@ -42,6 +42,18 @@ def test_every_error_code_is_documented(problem):
     assert problem.code in (DOCS / "errors.md").read_text()
 
 
+@pytest.mark.parametrize("problem", problems.ALL, ids=lambda problem: problem.code)
+def test_every_error_code_says_whether_to_retry_and_with_which_key(problem):
+    row = re.search(
+        rf"^\| `{re.escape(problem.code)}` \| (\d+) \|([^|]+)\|([^|]+)\|([^|]+)\|$",
+        (DOCS / "errors.md").read_text(),
+        re.MULTILINE,
+    )
+    assert row, f"{problem.code} has no row in the errors page's retry table"
+    assert int(row.group(1)) == problem.status
+    assert all(cell.strip() for cell in row.groups()[1:])
+
+
 def nav_pages() -> set[str]:
     """The pages under `nav:` in mkdocs.yml, read without a YAML parser (`- Title: page.md`)."""
     nav = re.search(r"^nav:\n((?:[ \t]+.*\n|\n)*)", MKDOCS.read_text(), re.MULTILINE)

@@ -50,3 +50,33 @@ def test_a_duplicate_that_waited_for_the_first_delivery_to_commit_is_seen_as_a_d
     assert not receipt.created
     assert not receipt.conflict
     assert InboxEvent.objects.count() == 1
+
+
+def test_a_duplicate_delivery_writes_nothing_and_is_counted_with_its_time_a_moment_later():
+    from datetime import timedelta  # noqa: PLC0415
+
+    from django.db import connection  # noqa: PLC0415
+    from django.test.utils import CaptureQueriesContext  # noqa: PLC0415
+    from django.utils import timezone  # noqa: PLC0415
+
+    from django_idempotency.inbox.receiving import delivery_counts  # noqa: PLC0415
+
+    first = timezone.now()
+    receive("tests", "evt_1", "customer.created", {"id": "evt_1"}, now=first)
+    later = first + timedelta(minutes=5)
+    with CaptureQueriesContext(connection) as captured:
+        receipt = receive("tests", "evt_1", "customer.created", {"id": "evt_1"}, now=later)
+    # The insert that found the event recorded, and on some databases a read of it: no write
+    # that could wait for an attempt at processing the event.
+    assert [q["sql"].split()[0] for q in captured] in (["WITH"], ["INSERT", "SELECT"])
+    conflict = receive("tests", "evt_1", "customer.created", {"id": "evt_1", "x": 1}, now=later)
+
+    assert not receipt.created
+    assert conflict.conflict  # a delivery with another payload counts too
+    assert InboxEvent.objects.get().deliveries == 1
+    delivery_counts.flush()
+    event = InboxEvent.objects.get()
+    assert (event.deliveries, event.last_delivered_at) == (3, later)
+    new = receive("tests", "evt_2", "customer.created", {"id": "evt_2"})
+    new.event.refresh_from_db()
+    assert (new.event.deliveries, new.event.last_delivered_at) == (1, None)

@@ -59,6 +59,20 @@ def test_inbox_steps_are_counted_by_source():
     assert count("duplicate") == duplicate + 1
 
 
+def test_refused_deliveries_are_counted_by_source_and_reason():
+    from django_idempotency.inbox import StandardWebhooksSignature  # noqa: PLC0415
+
+    def count(reason):
+        return sample("django_idempotency_inbox_refused_total", source="tests", reason=reason)
+
+    forged = count("inbox.signature_invalid")
+    forger = StandardWebhooksSignature(["whsec_" + "Zm9yZ2Vk" * 4])
+    assert deliver(refund_event(), signer=forger).status_code == 400
+    assert deliver(refund_event(), signer=forger).status_code == 400
+
+    assert count("inbox.signature_invalid") == forged + 2
+
+
 def test_the_backlog_is_read_from_the_database_at_each_scrape():
     now = timezone.now()
     IdempotencyKeyFactory(lease_expired=True)

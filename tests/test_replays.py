@@ -10,8 +10,8 @@ import pytest
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from django_idempotency.counting import DeferredCounts
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.replays import ReplayCounts
 from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse, replay_counts
 from tests.factories import IdempotencyKeyFactory
 from tests.test_store import in_threads
@@ -112,9 +112,9 @@ def test_counts_that_cannot_be_written_are_dropped_and_logged(caplog):
     def broken(using, counts):
         raise DatabaseError("down")
 
-    counts = ReplayCounts(broken, delay=60)
+    counts = DeferredCounts(broken, delay=60)
     counts.add("default", 1, 1, timezone.now())
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
         assert counts.flush() == 0
-    assert "could not write the replay counts of 1 keys" in caplog.text
+    assert "could not write the deferred counts of 1 rows" in caplog.text
     assert counts.pending() == 0

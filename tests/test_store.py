@@ -292,7 +292,7 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
     assert len(fresh_statements) == len(bare_statements) + 2, fresh_statements
     assert fresh_commits == 1
     # Authentication, then the claim that finds the key taken, then the read of the row that
-    # holds it. Nothing is written: the replay's count waits in memory (see ReplayCounts).
+    # holds it. Nothing is written: the replay's count waits in memory (see counting.py).
     assert len(replay_statements) == 1 + 2, replay_statements
 
 

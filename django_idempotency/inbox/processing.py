@@ -10,6 +10,9 @@ attempt from a dead one with no timeout to tune.
 
 Celery, when used, is only the trigger: the schedule lives in ``next_attempt_at``, and the
 periodic :func:`dispatch_due` finds every event whose trigger was lost or whose retry is due.
+With the "database" runner there is no trigger at all: a recorded event is due at once, and
+workers (``manage.py idempotency_inbox --forever``) take due events in batches with
+:func:`process_due`, woken on PostgreSQL by a notification on :data:`CHANNEL`.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ Status = InboxEvent.Status
 DISPATCH_GRACE = timedelta(minutes=1)
 # Bounds what an exception's message may take in the row.
 ERROR_MAX_LENGTH = 2_000
+#: The PostgreSQL channel on which recording an event wakes the "database" runner's workers.
+CHANNEL = "django_idempotency_inbox"
 
 
 class Outcome(StrEnum):
@@ -63,10 +68,11 @@ class Outcome(StrEnum):
 def dispatch(pk: int) -> Outcome | None:
     """Process event ``pk`` now, or hand it to a Celery worker; ``None`` when handed over.
 
-    ``INBOX_RUNNER`` decides. A lost hand-over is not an error: the event stays due, and the
-    periodic :func:`dispatch_due` dispatches it again.
+    ``INBOX_RUNNER`` decides: "celery" hands it over, "inline" and "database" process it here.
+    A lost hand-over is not an error: the event stays due, and the periodic
+    :func:`dispatch_due` dispatches it again.
     """
-    if idempotency_settings.INBOX_RUNNER == "inline":
+    if idempotency_settings.INBOX_RUNNER != "celery":
         return process(pk)
     error = _celery.enqueue("django_idempotency.process_inbox_event", pk)
     if error is not None:
@@ -84,18 +90,56 @@ def dispatch_due(*, now: datetime | None = None, limit: int = 500) -> int:
     Due are failed events whose retry time has come, and recorded or processing events whose
     trigger was lost or whose worker died. Safe in several processes at once.
     """
+    pks, _ = _take_due(now or timezone.now(), limit, router.db_for_write(InboxEvent))
+    for pk in pks:
+        dispatch(pk)
+    return len(pks)
+
+
+def process_due(
+    *, limit: int = 50, stop: Callable[[], bool] = lambda: False, now: datetime | None = None
+) -> int:
+    """Take up to ``limit`` due events, oldest first, and process them here; return how many.
+
+    ``stop`` is asked before each event: once it is true, the events not begun are left due
+    at once, for another worker. Safe in several processes at once.
+    """
     now = now or timezone.now()
     using = router.db_for_write(InboxEvent)
+    pks, taken_until = _take_due(now, limit, using)
+    for index, pk in enumerate(pks):
+        if stop():
+            rest = InboxEvent.objects.using(using).filter(pk__in=pks[index:])
+            # Unless something else has rescheduled them since.
+            rest.filter(next_attempt_at=taken_until).update(next_attempt_at=now)
+            break
+        process(pk)
+    return len(pks)
+
+
+def _take_due(now: datetime, limit: int, using: str) -> tuple[list[int], datetime]:
+    """Take up to ``limit`` due events; return their ids and when they stop being ours."""
     events = InboxEvent.objects.using(using)
+    taken_until = now + DISPATCH_GRACE
     with transaction.atomic(using=using):
         due = events.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
         pks = list(due.order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
         # Not due again until its attempt starts: a second run, or a worker's long queue, does
         # not dispatch it twice. (An event mid-attempt is locked and skipped above.)
-        events.filter(pk__in=pks).update(next_attempt_at=now + DISPATCH_GRACE)
-    for pk in pks:
-        dispatch(pk)
-    return len(pks)
+        events.filter(pk__in=pks).update(next_attempt_at=taken_until)
+    return pks, taken_until
+
+
+def wake_workers(using: str) -> None:
+    """On PostgreSQL, wake the "database" runner's workers once the transaction commits.
+
+    Elsewhere they poll. PostgreSQL delivers one notification per transaction however many
+    identical ones it sent.
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, '')", [CHANNEL])
 
 
 def process(
@@ -333,6 +377,8 @@ def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
 def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     using = router.db_for_write(InboxEvent)
     now = timezone.now()
+    # The "database" runner's workers take the events, due at once, rather than this process.
+    to_workers = idempotency_settings.INBOX_RUNNER == "database"
     with transaction.atomic(using=using):
         # A locked event is mid-attempt: skipping it leaves that attempt to finish.
         rows = list(
@@ -341,11 +387,15 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
             .values_list("pk", "source", "event_id", "status", "headers")
         )
         pks = [row[0] for row in rows]
-        changes: dict[str, Any] = {"next_attempt_at": now + DISPATCH_GRACE}
+        changes: dict[str, Any] = {"next_attempt_at": now if to_workers else now + DISPATCH_GRACE}
         if reset:
             changes.update(status=Status.RECEIVED, attempts=0, processed_at=None)
             _log_changes(rows, Status.RECEIVED)
         InboxEvent.objects.using(using).filter(pk__in=pks).update(**changes)
+        if to_workers:
+            if pks:
+                wake_workers(using)
+            return pks
         for pk in pks:
             transaction.on_commit(lambda pk=pk: dispatch(pk), using=using)  # type: ignore[misc] # default binds the loop value
     return pks

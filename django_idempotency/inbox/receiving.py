@@ -2,8 +2,11 @@
 
 Recording is one ``INSERT … ON CONFLICT DO NOTHING`` on (source, event id) (on MariaDB, an
 ``INSERT … ON DUPLICATE KEY UPDATE`` that changes nothing): the unique index is the only arbiter
-between duplicate deliveries. A duplicate is not recorded or dispatched again;
-a new event is dispatched (see ``processing``) once the caller's transaction commits.
+between duplicate deliveries. A duplicate is not recorded or dispatched again, and writes
+nothing: its delivery is counted in memory and added to the event about a second later
+(``counting.py``), so it never waits for an attempt at processing the event. A new event is
+dispatched (see ``processing``) once the caller's transaction commits, unless the "database"
+runner's workers are to take it: then recording is all the request does.
 """
 
 from __future__ import annotations
@@ -20,7 +23,15 @@ from django.db import DatabaseError, connections, models, router, transaction
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.inbox.processing import DISPATCH_GRACE, Outcome, dispatch, log_fields
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.counting import Count, DeferredCounts
+from django_idempotency.inbox.processing import (
+    CHANNEL,
+    DISPATCH_GRACE,
+    Outcome,
+    dispatch,
+    log_fields,
+)
 from django_idempotency.models import InboxEvent
 
 if TYPE_CHECKING:
@@ -63,9 +74,11 @@ def receive(
     """Record an event once, and dispatch it when the caller's transaction commits.
 
     An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
-    recorded or dispatched again.
+    recorded or dispatched again. With the "database" runner the event is left, due at once,
+    to the workers.
     """
     now = now or timezone.now()
+    to_workers = idempotency_settings.INBOX_RUNNER == "database"
     digest = payload_hash(payload)
     event = InboxEvent(
         source=source,
@@ -75,10 +88,11 @@ def receive(
         payload_hash=digest,
         headers=dict(headers or {}),
         received_at=now,
-        next_attempt_at=now + DISPATCH_GRACE,
+        # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
+        next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     using = router.db_for_write(InboxEvent)
-    pk, inserted, recorded_hash = _record(event, using)
+    pk, inserted, recorded_hash = _record(event, using, wake=to_workers)
     if not inserted:
         return _duplicate(event, pk, recorded_hash, using)
     event.pk = pk
@@ -95,6 +109,8 @@ def receive(
                 extra=log_fields(event, "received"),
             )
         signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
+        if to_workers:
+            return
         try:
             receipt.outcome = dispatch(event.pk)
         except DatabaseError:
@@ -128,6 +144,7 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
             recorded.source,
             extra=log_fields(recorded, "duplicate"),
         )
+    delivery_counts.add(using, pk, 0, delivered.received_at)
     transaction.on_commit(
         lambda: signals.send_robustly(
             signals.inbox_event_duplicate, InboxEvent, event=recorded, conflict=conflict
@@ -135,6 +152,23 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
         using=using,
     )
     return Receipt(recorded, created=False, conflict=conflict)
+
+
+def _write_deliveries(using: str, counts: Mapping[tuple[int, int], Count]) -> None:
+    """Add duplicate deliveries counted in memory to their events, in one transaction."""
+    connection = connections[using]
+    at = _field("last_delivered_at")
+    params = [
+        [count.times, *[at.get_db_prep_save(count.last_at, connection)] * 2, pk]
+        for (pk, _version), count in sorted(counts.items())  # in id order: no deadlocks
+    ]
+    with transaction.atomic(using=using), connection.cursor() as cursor:
+        cursor.executemany(_statements(using).count_deliveries, params)
+
+
+# This process's duplicate deliveries, written to their events about a second later: a duplicate
+# writes nothing, so it never waits for an attempt at processing its event.
+delivery_counts = DeferredCounts(_write_deliveries)
 
 
 _INSERT_FIELDS = (
@@ -147,17 +181,20 @@ _INSERT_FIELDS = (
     "status",
     "attempts",
     "received_at",
+    "deliveries",
     "next_attempt_at",
     "last_error",
     "last_traceback",
 )
 
 
-def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
+def _record(event: InboxEvent, using: str, *, wake: bool = False) -> tuple[int, bool, str]:
     """Insert ``event`` unless (source, event id) is taken.
 
     Return the id of the row that holds the event, whether it was inserted now, and the
-    payload hash it was recorded with.
+    payload hash it was recorded with. ``wake``: on PostgreSQL, a new event also wakes the
+    "database" runner's workers, in the same statement; the notification goes out at the commit,
+    never after a rollback. Elsewhere the workers poll.
     """
     connection = connections[using]
     params = [
@@ -168,7 +205,11 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         if connection.vendor == "postgresql":
             # One round trip for a duplicate too: the SELECT reads the row that made the
             # INSERT do nothing, if that row had committed when the statement began.
-            cursor.execute(_statements(using).record, [*params, event.source, event.event_id])
+            if wake:
+                sql, params = _statements(using).record_waking, [*params, CHANNEL]
+            else:
+                sql = _statements(using).record
+            cursor.execute(sql, [*params, event.source, event.event_id])
             if row := cursor.fetchone():
                 return int(row[0]), bool(row[1]), str(row[2])
         elif connection.vendor == "mysql":
@@ -184,7 +225,7 @@ def _record(event: InboxEvent, using: str) -> tuple[int, bool, str]:
         row = cursor.fetchone()
     if row is None:
         # The purge deleted it in between: the event is new again.
-        return _record(event, using)
+        return _record(event, using, wake=wake)
     return int(row[0]), False, str(row[1])
 
 
@@ -192,6 +233,8 @@ class _Statements(NamedTuple):
     insert: str
     record: str
     select: str
+    count_deliveries: str
+    record_waking: str = ""  # PostgreSQL: record, and notify the workers of a new event
 
 
 @cache
@@ -200,8 +243,14 @@ def _statements(using: str) -> _Statements:
     quote = connection.ops.quote_name
     table = quote(InboxEvent._meta.db_table)
     columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
-    pk, source, event_id, payload_hash = (
-        quote(_field(name).column) for name in ("id", "source", "event_id", "payload_hash")
+    pk, source, event_id, payload_hash, deliveries, last_delivered_at = (
+        quote(_field(name).column)
+        for name in ("id", "source", "event_id", "payload_hash", "deliveries", "last_delivered_at")
+    )
+    count_deliveries = (
+        f"UPDATE {table} SET {deliveries} = {deliveries} + %s, "  # noqa: S608
+        f"{last_delivered_at} = CASE WHEN {last_delivered_at} IS NULL "
+        f"OR {last_delivered_at} < %s THEN %s ELSE {last_delivered_at} END WHERE {pk} = %s"
     )
     # ON CONFLICT DO NOTHING rather than catching IntegrityError: no error, so no savepoint is
     # needed inside a caller's transaction, and a duplicate costs no aborted insert.
@@ -221,15 +270,23 @@ def _statements(using: str) -> _Statements:
             ),
             record="",
             select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
+            count_deliveries=count_deliveries,
         )
-    return _Statements(
-        insert=insert,
-        record=(
-            f"WITH inserted AS ({insert}, {payload_hash}) "  # noqa: S608
+
+    def record(returning: str) -> str:
+        return (
+            f"WITH inserted AS ({insert}, {returning}) "  # noqa: S608
             f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
             f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
-        ),
+        )
+
+    return _Statements(
+        insert=insert,
+        record=record(payload_hash),
         select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+        count_deliveries=count_deliveries,
+        # RETURNING runs for an inserted row only: a duplicate wakes nobody.
+        record_waking=record(f"{payload_hash}, pg_notify(%s, '')"),
     )
 
 

@@ -12,7 +12,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
-from django_idempotency import problems
+from django_idempotency import problems, signals
 from django_idempotency.bodies import (
     MAX_JSON_DEPTH,
     JSONTooDeep,
@@ -123,6 +123,12 @@ class WebhookReceiverView(View):
                     "idempotency_source": self.source,
                     "idempotency_outcome": refusal.problem.code,
                 },
+            )
+            signals.send_robustly(
+                signals.inbox_delivery_refused,
+                type(self),
+                source=self.source,
+                reason=refusal.problem.code,
             )
             return problems.problem_response(refusal.problem, refusal.detail)
         try:

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_idempotency", "0006_partial_indexes_everywhere"),
+        ("django_idempotency", "0007_inbox_deliveries_key_prefix_index"),
     ]
 
     operations = [

@@ -14,4 +14,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 
 app = Celery("example_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["django_idempotency"])
+app.autodiscover_tasks(["django_idempotency", "payments"])

@@ -42,6 +42,7 @@ from payments.models import (
     ReceiptEmail,
     Refund,
 )
+from payments.tasks import send_receipt
 from payments.views import WorkerDied
 
 if TYPE_CHECKING:
@@ -357,6 +358,30 @@ def lost_update(host: str) -> Story:
     return story
 
 
+def receipt_task(host: str) -> Story:
+    story, marks, alice = Story("l. a task sent 3 times"), Marks.now(), Api("alice", host)
+    payment = alice.post(PAYMENTS, payment_data(1800, "receipt by task"), new_key())
+    payment_id = payment.data.get("id")
+    story.exchange("POST payment 1800 eur, a key", payment.describe())
+    # The mail server is down for the first attempt: Celery retries, and the retry runs.
+    first = send_receipt.delay(payment_id, outages=1).get()
+    story.exchange("send_receipt (mail down once)", f"retried; receipt {first['receipt']}")
+    # A producer that timed out sends it again; beat fires it on two schedulers.
+    again = [send_receipt.delay(payment_id, outages=1).get() for _ in range(2)]
+    story.exchange("sent twice more", f"both replay receipt {again[0]['receipt']}")
+    story.effect = marks.effect()
+    receipts = marks.new(ReceiptEmail)
+    story.expect(payment.status == 201, "payment not created")
+    story.expect(first["attempt"] == 2, "the first attempt did not fail and retry")
+    story.expect(all(result == first for result in again), "a duplicate got another result")
+    story.expect(len(receipts) == 1, "the receipt was not e-mailed exactly once")
+    story.expect(
+        IdempotencyKey.objects.filter(method="TASK", key=f"receipt-{payment_id}").count() == 1,
+        "the task's key was not stored",
+    )
+    return story
+
+
 STORIES: list[Callable[[str], Story]] = [
     double_click,
     lost_response,
@@ -369,4 +394,5 @@ STORIES: list[Callable[[str], Story]] = [
     provider_webhooks,
     outbox_to_inbox,
     lost_update,
+    receipt_task,
 ]

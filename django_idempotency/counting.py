@@ -1,13 +1,14 @@
-"""Replay counts: kept in memory, written to the key rows at most once a second.
+"""Counts kept in memory and written to their rows about a second later, in one transaction.
 
-A replay answers from one read of its key's row and writes nothing, so that its transaction has
-nothing to commit to disk. The admin still shows how often a key was replayed and when last:
-each process counts its replays here, and a timer thread writes them in one transaction about a
-second after the first one since the last write. A process that dies loses the counts of its
-last second, never a stored response.
+A replay answers from one read of its key's row, and a duplicate webhook delivery from the
+insert that found its event recorded: neither writes, so neither waits for a row lock or for the
+disk. The admin still shows how often a key was replayed, and an event delivered, and when last:
+each process counts them here, and a timer thread writes them about a second after the first
+one since the last write. A process that dies loses the counts of its last second, never a
+stored response or an event.
 
-A count is written only to the row it was counted on: a key taken over meanwhile (by a new
-request after it expired, with a new lease version) starts its count afresh.
+A count is kept by row id and row version (a key's lease version): a key taken over meanwhile,
+by a new request after it expired, starts its count afresh.
 """
 
 from __future__ import annotations
@@ -25,20 +26,23 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_idempotency")
 
-# How long a replay's count may wait in memory before it is written.
+# How long a count may wait in memory before it is written.
 FLUSH_DELAY = 1.0
 
 
 @dataclass
 class Count:
-    """The replays of one key row counted since the last write, and the time of the last."""
+    """What was counted of one row since the last write, and the time of the last one."""
 
-    replays: int
+    times: int
     last_at: datetime
 
 
-class ReplayCounts:
-    """This process's replays not yet written, by database alias and (row id, lease version)."""
+class DeferredCounts:
+    """This process's counts not yet written, by database alias and (row id, row version).
+
+    ``write(using, counts)`` writes one database's counts in one transaction.
+    """
 
     def __init__(
         self,
@@ -52,22 +56,22 @@ class ReplayCounts:
         self._timer: threading.Timer | None = None
 
     def add(self, using: str, row_id: int, lease_version: int, at: datetime) -> int:
-        """Count one replay of the row ``row_id`` at ``at``, to be written within ``delay``.
+        """Count one more of the row ``row_id`` at ``at``, to be written within ``delay``.
 
-        Return how many replays of that row this process counted since its last write.
+        Return how many of that row this process counted since its last write.
         """
         with self._lock:
             rows = self._pending.setdefault(using, {})
             count = rows.get((row_id, lease_version))
             if count is None:
                 count = rows[(row_id, lease_version)] = Count(0, at)
-            count.replays += 1
+            count.times += 1
             count.last_at = max(count.last_at, at)
             if self._timer is None:
                 self._timer = threading.Timer(self.delay, self._flush_in_background)
                 self._timer.daemon = True
                 self._timer.start()
-            return count.replays
+            return count.times
 
     def discard(self) -> None:
         """Forget the counts not yet written: for test suites that roll each test back."""
@@ -75,12 +79,12 @@ class ReplayCounts:
             self._pending = {}
 
     def pending(self) -> int:
-        """How many replays wait to be written."""
+        """How many counted events wait to be written."""
         with self._lock:
-            return sum(c.replays for rows in self._pending.values() for c in rows.values())
+            return sum(c.times for rows in self._pending.values() for c in rows.values())
 
     def flush(self) -> int:
-        """Write the waiting counts now, in this thread; return how many replays were written.
+        """Write the waiting counts now, in this thread; return how many were written.
 
         A database error drops the counts it could not write (they are statistics), and is
         logged.
@@ -95,9 +99,9 @@ class ReplayCounts:
             try:
                 self.write(using, rows)
             except DatabaseError:
-                logger.warning("could not write the replay counts of %d keys", len(rows))
+                logger.warning("could not write the deferred counts of %d rows", len(rows))
             else:
-                written += sum(count.replays for count in rows.values())
+                written += sum(count.times for count in rows.values())
         return written
 
     def _flush_in_background(self) -> None:
@@ -106,7 +110,7 @@ class ReplayCounts:
         try:
             self.flush()
         except Exception:  # the timer thread has no caller to tell
-            logger.exception("could not write replay counts")
+            logger.exception("could not write deferred counts")
         finally:
             # This thread's connections: it may never run again.
             connections.close_all()

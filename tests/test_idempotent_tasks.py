@@ -1,0 +1,684 @@
+"""Idempotent Celery tasks: in process on every database, and with real workers on PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.db import OperationalError, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+from django_idempotency import signals
+from django_idempotency.celery import (
+    TaskInProgress,
+    TaskKeyInvalid,
+    TaskKeyMissing,
+    TaskPayloadMismatch,
+    arguments_fingerprint,
+    idempotent_task,
+)
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.store import KeyStore
+from tests.conftest import CI, process_env
+from tests.factories import IdempotencyKeyFactory
+from tests.task_worker import LEASE_TIMEOUT, QUEUE, make_app, refund
+from tests.testapp.models import Refund
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Effects of the in-process tasks below, by label.
+RUNS: list[str] = []
+
+
+@idempotent_task(name="tests.record")
+def record(label, amount=1):
+    RUNS.append(label)
+    Refund.objects.create(event_id=label, amount=amount)
+    return {"label": label, "amount": amount, "run": len(RUNS)}
+
+
+@idempotent_task(name="tests.record_by_label", key=lambda label, **_: f"record-{label}")
+def record_by_label(label, amount=1):
+    RUNS.append(label)
+    Refund.objects.create(event_id=label, amount=amount)
+    return len(RUNS)
+
+
+@idempotent_task(
+    name="tests.tenant_record",
+    key=lambda tenant, label: label,
+    tenant=lambda tenant, label: tenant,
+)
+def tenant_record(tenant, label):
+    RUNS.append(f"{tenant}:{label}")
+    return tenant
+
+
+class Boom(Exception):
+    pass
+
+
+@idempotent_task(name="tests.explode", bind=True)
+def explode(self, label, fail):
+    Refund.objects.create(event_id=label, amount=1)
+    if fail:
+        raise Boom(self.name)
+    return "done"
+
+
+@idempotent_task(name="tests.lease_record", mode="lease", lease_timeout=1)
+def lease_record(label, fail=False):
+    RUNS.append(label)
+    Refund.objects.create(event_id=label, amount=1)
+    if fail:
+        raise Boom(label)
+    return {"label": label}
+
+
+def recover_charge(label, *, key, attempt):
+    RUNS.append(f"recover:{attempt}")
+    return {"label": label, "recovered": True} if label.startswith("sent") else None
+
+
+@idempotent_task(
+    name="tests.lease_recovering", mode="lease", lease_timeout=1, recover=recover_charge
+)
+def lease_recovering(label):
+    RUNS.append(label)
+    return {"label": label, "recovered": False}
+
+
+@pytest.fixture(autouse=True)
+def _runs():
+    RUNS.clear()
+    yield
+    RUNS.clear()
+
+
+def key_row(**lookup):
+    return IdempotencyKey.objects.get(**lookup)
+
+
+# In process: the task body runs in the test's own process, on every database.
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_sent_twice_with_one_key_runs_once_and_the_duplicate_gets_the_stored_result(
+    unwritten_counts,
+):
+    first = record.apply(("a",), {"idempotency_key": "k1", "amount": 5}).get()
+    second = record.apply(("a",), {"idempotency_key": "k1", "amount": 5}).get()
+
+    assert first == second == {"label": "a", "amount": 5, "run": 1}
+    assert RUNS == ["a"]
+    assert Refund.objects.count() == 1
+    row = key_row(key="k1")
+    assert (row.method, row.route, row.scope, row.state) == (
+        "TASK",
+        "tests.record",
+        "task:tests.record",
+        "succeeded",
+    )
+    assert json.loads(bytes(row.response_body)) == first
+    unwritten_counts.flush()  # the replay counted in memory
+    assert key_row(key="k1").replay_count == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_key_may_come_from_the_arguments():
+    assert record_by_label("x") == 1
+    assert record_by_label.apply(("x",)).get() == 1
+    assert record_by_label("y") == 2
+    assert RUNS == ["x", "y"]
+    assert set(IdempotencyKey.objects.values_list("key", flat=True)) == {"record-x", "record-y"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_callers_key_wins_over_the_key_function():
+    record_by_label("x", idempotency_key="explicit")
+    record_by_label("x")
+    assert RUNS == ["x", "x"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_keys_and_other_tasks_run_apart():
+    record("a", idempotency_key="k1")
+    record("a", idempotency_key="k2")
+    record_by_label("a", idempotency_key="k1")  # another task: another scope
+    assert RUNS == ["a", "a", "a"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tenant_scopes_the_key():
+    tenant_record("acme", "1")
+    tenant_record("globex", "1")
+    tenant_record("acme", "1")
+    assert RUNS == ["acme:1", "globex:1"]
+    assert key_row(scope="task:tests.tenant_record|tenant:acme").key == "1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_reused_with_other_arguments_is_refused_and_nothing_runs():
+    record("a", idempotency_key="k1")
+    with pytest.raises(TaskPayloadMismatch, match="other arguments"):
+        record("b", idempotency_key="k1")
+    assert RUNS == ["a"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_keyword_order_does_not_change_the_fingerprint():
+    assert arguments_fingerprint((1,), {"a": 1, "b": [1, 2]}) == arguments_fingerprint(
+        (1,), {"b": [1, 2], "a": 1}
+    )
+    assert arguments_fingerprint((1,), {}) != arguments_fingerprint((2,), {})
+    # Beyond what RFC 8785 represents, the arguments are still told apart.
+    assert arguments_fingerprint((2**60,), {}) != arguments_fingerprint((2**60 + 1,), {})
+
+
+def test_wrong_arguments_are_refused_when_the_task_is_sent():
+    with pytest.raises(TypeError):
+        record.apply_async(("a", 1, "extra"), {"idempotency_key": "k"})
+    with pytest.raises(TypeError):
+        explode.apply_async(("a",), {"idempotency_key": "k"})  # bound: self is not an argument
+    with pytest.raises(TypeError):
+        record.apply_async(("a",), {"idempotency_key": "k", "colour": "red"})
+
+
+def test_the_task_keeps_the_bodys_name_and_docstring():
+    assert record.name == "tests.record"
+    assert refund.__doc__.startswith("Record a refund")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_that_takes_the_key_gets_the_one_its_run_claimed():
+    @idempotent_task(name="tests.charge", key=lambda order: f"order-{order}")
+    def charge(order, idempotency_key):
+        RUNS.append(idempotency_key)
+        return idempotency_key
+
+    assert charge(7) == "order-7"
+    assert charge(7) == "order-7"
+    assert charge(7, idempotency_key="given") == "given"
+    assert RUNS == ["order-7", "given"]
+    with pytest.raises(TypeError):
+        charge.apply_async((7, "positional", "extra"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_without_a_key_is_refused():
+    with pytest.raises(TaskKeyMissing, match="idempotency_key="):
+        record("a")
+    assert RUNS == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("bad", ["", None, True, 1.5, ["k"]])
+def test_a_key_that_is_not_a_string_or_an_integer_is_refused(bad):
+    with pytest.raises((TaskKeyInvalid, TaskKeyMissing)):
+        record("a", idempotency_key=bad)
+    assert RUNS == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_integer_key_and_a_long_key_are_accepted():
+    record("a", idempotency_key=7)
+    record("a", idempotency_key="k" * 300)
+    record("a", idempotency_key="k" * 300)
+    assert RUNS == ["a", "a"]
+    keys = set(IdempotencyKey.objects.values_list("key", flat=True))
+    assert "7" in keys
+    assert any(key.startswith("sha256:") for key in keys)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_body_that_raises_rolls_back_and_releases_the_key():
+    with pytest.raises(Boom):
+        explode("a", True, idempotency_key="k1")
+    assert Refund.objects.count() == 0
+    assert not IdempotencyKey.objects.exists()
+    # The retry (with the same key and arguments would fail again: here it succeeds).
+    assert explode("b", False, idempotency_key="k2") == "done"
+    assert explode("b", False, idempotency_key="k2") == "done"
+    assert Refund.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_result_that_is_not_json_rolls_back_like_a_failure():
+    @idempotent_task(name="tests.not_json")
+    def not_json():
+        Refund.objects.create(event_id="x", amount=1)
+        return object()
+
+    with pytest.raises(TypeError):
+        not_json(idempotency_key="k")
+    assert not Refund.objects.exists()
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_past_its_ttl_a_key_runs_again():
+    record("a", idempotency_key="k1")
+    IdempotencyKey.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    record("a", idempotency_key="k1")
+    assert RUNS == ["a", "a"]
+    assert key_row(key="k1").expires_at > timezone.now() + timedelta(hours=23)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_ttl_option_sets_the_expiry():
+    @idempotent_task(name="tests.short_lived", ttl=60)
+    def short_lived():
+        return 1
+
+    short_lived(idempotency_key="k")
+    row = key_row(key="k")
+    assert row.expires_at - row.created_at == timedelta(seconds=60)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_idempotency_disabled_the_body_runs_every_time():
+    with override_settings(IDEMPOTENCY={"ENABLED": False}):
+        record("a", idempotency_key="k1")
+        record("a", idempotency_key="k1")
+    assert RUNS == ["a", "a"]
+    assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_outcomes_are_signalled():
+    seen = []
+
+    def receiver(sender, **kwargs):
+        seen.append((kwargs["outcome"], kwargs["task"], kwargs["key"], kwargs["attempt"]))
+
+    signals.task_decided.connect(receiver)
+    try:
+        record("a", idempotency_key="k1")
+        record("a", idempotency_key="k1")
+        with pytest.raises(TaskPayloadMismatch):
+            record("b", idempotency_key="k1")
+        with pytest.raises(Boom):
+            explode("a", True, idempotency_key="k2")
+    finally:
+        signals.task_decided.disconnect(receiver)
+    assert seen == [
+        ("stored", "tests.record", "k1", 1),
+        ("replayed", "tests.record", "k1", 2),
+        ("mismatch", "tests.record", "k1", 1),
+        ("not_stored", "tests.explode", "k2", 1),
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_task_outcomes():
+    from django_idempotency.metrics import TASKS  # noqa: PLC0415
+
+    def count(outcome):
+        return TASKS.labels(outcome=outcome, task="tests.record")._value.get()
+
+    stored, replayed = count("stored"), count("replayed")
+    record("a", idempotency_key="k1")
+    record("a", idempotency_key="k1")
+    assert (count("stored"), count("replayed")) == (stored + 1, replayed + 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_lists_task_keys_and_filters_them_by_the_task_method(admin_client):
+    record("a", idempotency_key="task-key")
+    IdempotencyKeyFactory(key="request-key", method="POST")
+    changelist = "/admin/django_idempotency/idempotencykey/"
+
+    page = admin_client.get(changelist, {"method": "TASK"})
+    assert [row.key for row in page.context["cl"].result_list] == ["task-key"]
+    assert "Celery task" in page.content.decode()
+    assert "tests.record" in page.content.decode()  # the route column shows the task
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "eager"}, "mode option"),
+        ({"ttl": -1}, "ttl option"),
+        ({"wait_timeout": "soon"}, "wait_timeout option"),
+        ({"on_busy": "wait"}, "on_busy option"),
+        ({"recover": recover_charge}, "recover hook is for lease mode"),
+    ],
+)
+def test_wrong_options_are_refused_when_the_task_is_declared(options, message):
+    with pytest.raises(ImproperlyConfigured, match=message):
+        idempotent_task(name="tests.wrong", **options)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_mode_task_runs_once_and_replays():
+    assert lease_record("a", idempotency_key="k") == {"label": "a"}
+    assert lease_record("a", idempotency_key="k") == {"label": "a"}
+    assert RUNS == ["a"]
+    row = key_row(key="k")
+    assert (row.state, row.method, row.lease_version) == ("succeeded", "TASK", 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_mode_body_that_raises_releases_the_key_for_the_next_delivery():
+    with pytest.raises(Boom):
+        lease_record("a", True, idempotency_key="k")
+    assert key_row(key="k").state == "failed"
+    assert not Refund.objects.exists()  # the body's writes commit with the completion only
+    with pytest.raises(Boom):
+        lease_record("a", True, idempotency_key="k")
+    assert key_row(key="k").attempts == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_mode_task_refuses_to_run_inside_a_transaction():
+    with transaction.atomic(), pytest.raises(ImproperlyConfigured, match="inside a transaction"):
+        lease_record("a", idempotency_key="k")
+
+
+def abandon(key):
+    """Leave ``key`` as a worker that died mid-body would: in progress, its lease run out."""
+    IdempotencyKey.objects.filter(key=key).update(
+        state="in_progress", locked_until=timezone.now() - timedelta(seconds=1)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_that_ran_out_is_taken_over_and_the_recover_hook_is_asked_first():
+    lease_recovering("sent-1", idempotency_key="k")
+    abandon("k")
+    assert lease_recovering("sent-1", idempotency_key="k") == {
+        "label": "sent-1",
+        "recovered": True,
+    }
+    assert RUNS == ["sent-1", "recover:2"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_when_the_recover_hook_finds_nothing_the_body_runs_again():
+    lease_recovering("lost-1", idempotency_key="k")
+    abandon("k")
+    assert lease_recovering("lost-1", idempotency_key="k") == {
+        "label": "lost-1",
+        "recovered": False,
+    }
+    assert RUNS == ["lost-1", "recover:2", "lost-1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_sweeper_releases_a_task_lease_that_ran_out():
+    lease_recovering("lost-1", idempotency_key="k")
+    abandon("k")
+    assert IdempotencyKey.objects.sweep_expired_leases() == 1
+    assert key_row(key="k").state == "failed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_live_lease_makes_a_duplicate_retry_later():
+    @idempotent_task(
+        name="tests.lease_busy", mode="lease", lease_timeout=30, wait_timeout=0.1, max_retries=0
+    )
+    def lease_busy():
+        return 1
+
+    lease_busy(idempotency_key="k")
+    IdempotencyKey.objects.filter(key="k").update(
+        state="in_progress", locked_until=timezone.now() + timedelta(seconds=30)
+    )
+    with pytest.raises(TaskInProgress, match="holds the key"):
+        lease_busy.apply(kwargs={"idempotency_key": "k"}).get()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_task_whose_key_is_held_by_a_live_lease_retries_later():
+    @idempotent_task(name="tests.held", wait_timeout=0.1, busy_countdown=5, max_retries=1)
+    def held():
+        RUNS.append("ran")
+        return 1
+
+    held(idempotency_key="k")
+    # A delivery of this task in lease mode (before a deployment changed its mode) holds it.
+    IdempotencyKey.objects.filter(key="k").update(
+        state="in_progress", locked_until=timezone.now() + timedelta(seconds=30)
+    )
+    with pytest.raises(TaskInProgress):
+        held.apply(kwargs={"idempotency_key": "k"}).get()
+    assert RUNS == ["ran"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_release_that_fails_leaves_the_lease_to_run_out_and_the_bodys_error_stands(
+    monkeypatch, caplog
+):
+    def unavailable(self, claim):
+        raise OperationalError("the database went away")
+
+    monkeypatch.setattr(KeyStore, "fail", unavailable)
+    with pytest.raises(Boom):
+        lease_record("a", True, idempotency_key="k")
+    assert key_row(key="k").state == "in_progress"
+    assert "its lease will run out" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_on_busy_skip_leaves_the_key_to_the_delivery_that_holds_it():
+    @idempotent_task(name="tests.skipping", mode="lease", wait_timeout=0.1, on_busy="skip")
+    def skipping():
+        RUNS.append("ran")
+        return 1
+
+    skipping(idempotency_key="k")
+    IdempotencyKey.objects.filter(key="k").update(
+        state="in_progress", locked_until=timezone.now() + timedelta(seconds=30)
+    )
+    assert skipping(idempotency_key="k") is None
+    assert RUNS == ["ran"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_taken_over_while_the_body_ran_keeps_none_of_its_writes():
+    @idempotent_task(name="tests.overtaken", mode="lease", wait_timeout=0.1, max_retries=0)
+    def overtaken():
+        Refund.objects.create(event_id="stale", amount=1)
+        # Another delivery takes the key over meanwhile: the fence refuses this completion.
+        IdempotencyKey.objects.filter(key="k").update(lease_version=99)
+        return 1
+
+    with pytest.raises(TaskInProgress):
+        overtaken.apply(kwargs={"idempotency_key": "k"}).get()
+    assert not Refund.objects.exists()
+
+
+# With real workers, on PostgreSQL: a worker process per test, over Redis or RabbitMQ.
+
+
+def reachable(port):
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+BROKER_PORTS = {"redis": 6379, "rabbitmq": 5672}
+
+
+class Workers:
+    """Celery workers on one broker; the test may kill one and start another."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.app = make_app(broker)
+        self.processes = []
+
+    def start(self, concurrency=8):
+        env = process_env(TEST_TASK_BROKER=self.broker)
+        # Its own name: other workers may share the broker, and answer pings too.
+        hostname = f"tasks-{uuid.uuid4().hex[:8]}@{socket.gethostname()}"
+        command = [
+            sys.executable, "-m", "celery", "-A", "tests.task_worker", "worker",
+            "--pool", "threads", "--concurrency", str(concurrency), "--loglevel", "ERROR",
+            "--without-gossip", "--without-mingle", "--without-heartbeat", "--hostname", hostname,
+        ]  # fmt: skip
+        process = subprocess.Popen(command, cwd=ROOT, env=env)
+        self.processes.append(process)
+        deadline = time.monotonic() + 60
+        while not self.app.control.ping(destination=[hostname], timeout=0.5):
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                pytest.fail("the Celery worker did not start")
+        return process
+
+    def send(self, name, *args, **kwargs):
+        return self.app.send_task(name, args, kwargs)
+
+    def stop(self):
+        # Every task the test sent has finished: no need to wait for a warm shutdown.
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(params=["redis", "rabbitmq"])
+def workers(request):
+    broker = request.param
+    if not reachable(BROKER_PORTS[broker]):
+        if CI:
+            pytest.fail(f"{broker} is not reachable on 127.0.0.1:{BROKER_PORTS[broker]}")
+        pytest.skip(f"needs {broker} on 127.0.0.1:{BROKER_PORTS[broker]}")
+    pool = Workers(broker)
+    pool.app.control.purge()
+    yield pool
+    pool.stop()
+    pool.app.control.purge()
+    if broker == "rabbitmq":
+        with pool.app.connection_for_write() as connection:
+            connection.default_channel.queue_delete(QUEUE)
+
+
+def wait_for(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail("timed out")
+        time.sleep(0.05)
+
+
+def started(path):
+    return path.exists() and "started" in path.read_text()
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_the_same_task_sent_50_times_at_once_has_one_effect(workers):
+    workers.start()
+    label = uuid.uuid4().hex
+    with ThreadPoolExecutor(10) as pool:
+        sent = list(pool.map(lambda _: workers.send("tests.refund", label, 50), range(50)))
+    results = [result.get(timeout=60) for result in sent]
+
+    assert Refund.objects.filter(event_id=label).count() == 1
+    # Every duplicate got the result the one run stored.
+    assert len({json.dumps(result, sort_keys=True) for result in results}) == 1
+    # The worker writes its replay counts a second after counting them.
+    wait_for(lambda: key_row(key=label).replay_count == 49, timeout=10)
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_killed_mid_task_is_redelivered_and_the_effect_happens_once(workers, tmp_path):
+    killed = workers.start()
+    label, hold, marks = uuid.uuid4().hex, tmp_path / "hold", tmp_path / "started"
+    hold.touch()
+    result = workers.send("tests.refund", label, 7, started=str(marks), hold=str(hold))
+    wait_for(lambda: started(marks))
+    killed.kill()  # SIGKILL: no goodbye to the broker, the transaction left open
+    killed.wait()
+    hold.unlink()
+    workers.start()
+
+    assert result.get(timeout=30)["label"] == label
+    assert marks.read_text().count("started") == 2  # delivered again after the kill
+    assert Refund.objects.filter(event_id=label).count() == 1
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_a_body_that_raises_then_succeeds_on_retry_has_one_effect(workers, tmp_path):
+    workers.start()
+    label, failures = uuid.uuid4().hex, tmp_path / "failures"
+    failures.write_text("first\nsecond\n")
+    result = workers.send("tests.refund", label, 3, failures=str(failures))
+
+    assert result.get(timeout=30)["amount"] == 3
+    assert failures.read_text() == ""  # two attempts failed, the third succeeded
+    assert Refund.objects.filter(event_id=label).count() == 1
+    assert key_row(key=label).state == "succeeded"
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_two_workers_racing_one_runs_and_the_other_returns_its_result(workers, tmp_path):
+    workers.start(concurrency=1)
+    workers.start(concurrency=1)
+    label = uuid.uuid4().hex
+    first = workers.send("tests.refund", label, 9, pause=1.0)
+    second = workers.send("tests.refund", label, 9, pause=1.0)
+
+    one, other = first.get(timeout=30), second.get(timeout=30)
+    assert first.worker != second.worker  # each worker took one
+    assert one == other  # the same run: the duplicate waited for it and returned its result
+    assert Refund.objects.filter(event_id=label).count() == 1
+    wait_for(lambda: key_row(key=label).replay_count == 1, timeout=10)
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_mode_task_killed_after_its_effect_is_recovered_not_repeated(workers, tmp_path):
+    killed = workers.start()
+    payment, effects = uuid.uuid4().hex, tmp_path / "sent"
+    hold, marks = tmp_path / "hold", tmp_path / "started"
+    hold.touch()
+    result = workers.send(
+        "tests.send_receipt", payment, str(effects), started=str(marks), hold=str(hold)
+    )
+    wait_for(lambda: started(marks))
+    killed.kill()
+    killed.wait()
+    hold.unlink()
+    workers.start()
+
+    # The redelivery waits for the dead worker's lease to run out, then takes the key over; the
+    # recover hook finds the receipt sent, so the body does not run again.
+    answer = result.get(timeout=30 + LEASE_TIMEOUT)
+    assert answer == {"payment": payment, "recovered": True, "attempt": 2}
+    assert effects.read_text().split() == [payment]
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_mode_task_sent_many_times_at_once_sends_once(workers, tmp_path):
+    workers.start()
+    payment, effects = uuid.uuid4().hex, tmp_path / "sent"
+    sent = [workers.send("tests.send_receipt", payment, str(effects)) for _ in range(20)]
+    results = [result.get(timeout=60) for result in sent]
+
+    assert effects.read_text().split() == [payment]
+    assert {json.dumps(result) for result in results} == {
+        json.dumps({"payment": payment, "recovered": False})
+    }
