@@ -238,7 +238,21 @@ def prove_logging(value: dict[str, Any], client: Client) -> None:
     assert "a record from the sample" in result.stderr, result.stderr
 
 
+def prove_beat_schedule(value: dict[str, Any], client: Client) -> None:
+    # Celery is optional: imported when a sample asks for it.
+    from celery import schedules  # noqa: PLC0415
+
+    from tests.celery_app import app  # noqa: PLC0415
+
+    app.loader.import_default_modules()
+    for entry in value.values():
+        task = app.tasks[entry["task"]]  # a task of ours, by its registered name
+        inspect.signature(task.run).bind(*entry.get("args", ()), **entry.get("kwargs", {}))
+        assert isinstance(entry["schedule"], timedelta | int | float | schedules.schedule)
+
+
 PROVE: dict[str, Callable[[Any, Client], None]] = {
+    "CELERY_BEAT_SCHEDULE": prove_beat_schedule,
     "IDEMPOTENCY": prove_idempotency,
     "MIDDLEWARE": prove_middleware,
     "CACHES": prove_caches,
@@ -392,8 +406,9 @@ def readers_files(block: Block, ledger: str) -> Iterator[None]:
     sys.meta_path.insert(0, finder)
     try:
         with (
-            mock.patch.dict(dispatchers._registry),
-            mock.patch.dict(handlers._registry),
+            # The reader's project has its own handlers and dispatchers, not the test app's.
+            mock.patch.dict(dispatchers._registry, clear=True),
+            mock.patch.dict(handlers._registry, clear=True),
         ):
             yield
     finally:
@@ -677,6 +692,11 @@ def test_every_exercise_finds_its_block(page, excerpt):
         ('IDEMPOTENCY = {"TTL": -1}\n', "django_idempotency.E006"),
         ('IDEMPOTENCY = {"HEADER": "X-Key"}\nSPAM = 1\n', "no way to prove"),
         ("publish(topic, payload, *, headers=None)\n", "not Python"),
+        (
+            'CELERY_BEAT_SCHEDULE = {"purge": {"task": "django_idempotency.purge_expired_keys",'
+            ' "schedule": 60, "kwargs": {"batch": 10}}}\n',
+            "unexpected keyword argument 'batch'",
+        ),
         (
             "from rest_framework.views import APIView\n"
             "from django_idempotency.drf import IdempotentMixin\n"
