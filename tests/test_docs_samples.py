@@ -7,7 +7,8 @@ How a block runs depends on what it is:
   error or warning of ours) for every settings block, a request through the ``MIDDLEWARE``,
   Django's cache handler for ``CACHES``, DRF's settings for ``REST_FRAMEWORK``, ``dictConfig`` and
   a log record in a fresh process for ``LOGGING``, the app registry for ``INSTALLED_APPS``, the
-  backend for ``DATABASES``. A settings block runs as a settings module that already has
+  backend for ``DATABASES``, Celery's registered tasks and their signatures for
+  ``CELERY_BEAT_SCHEDULE``. A settings block runs as a settings module that already has
   ``from datetime import timedelta``, as the settings page's first example does; ``...`` in a list
   or as a dict value stands for the reader's other entries and is left out.
 - **Tests** (a block that defines ``test_*`` functions): they run with pytest, in one subprocess
