@@ -67,6 +67,9 @@ def start_worker():
 
 @pytest.fixture
 def worker():
+    # The library's tasks are shared tasks: they are sent through the current Celery app, which
+    # another test module's app may have become.
+    app.set_current()
     app.control.purge()
     workers = [start_worker()]
     # A test may kill its worker and start another: stop whichever are running at the end.
