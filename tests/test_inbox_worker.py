@@ -331,13 +331,20 @@ def test_a_worker_whose_listening_connection_is_lost_listens_again():
         "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN django_idempotency_inbox' "
         "AND datname = current_database()"
     )
+    seen = []
+
+    def listeners():
+        # Read once: the listening connection's last query may change between two reads.
+        seen[:] = _rows(listening)
+        return seen
+
     try:
-        wait_for(lambda: _rows(listening))
-        (old_pid,) = _rows(listening)[0]
+        wait_for(listeners)
+        (old_pid,) = seen[0]
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [old_pid])
         # Listening again on a new connection, well before the interval ends.
-        wait_for(lambda: _rows(listening) and _rows(listening)[0][0] != old_pid, timeout=10)
+        wait_for(lambda: listeners() and seen[0][0] != old_pid, timeout=10)
         record(1)
         wait_for(lambda: Refund.objects.count() == 1, timeout=10)
     finally:
