@@ -9,10 +9,11 @@ given: a sample that uses one must import it, as the reader's code would.
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from django.db import models
 from django.urls import path
@@ -20,6 +21,7 @@ from rest_framework import generics, serializers
 from rest_framework.authentication import BasicAuthentication, SessionAuthentication
 
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.signing import StandardWebhooksSignature
 from tests.testapp.models import Document, LedgerEntry, Payment, Refund
 
 
@@ -39,11 +41,17 @@ class Charge:
     id: str
     amount: int
 
+    def as_json(self) -> str:
+        return json.dumps({"id": self.id, "amount": self.amount})
+
 
 class Provider:
     """A payment provider that deduplicates on the idempotency key it is given."""
 
     class Timeout(Exception):
+        pass
+
+    class Unavailable(Exception):
         pass
 
     def __init__(self) -> None:
@@ -67,7 +75,7 @@ class Recorder:
     def post_event(self, *args: Any, **kwargs: Any) -> None:
         self.sent.append((*args, kwargs))
 
-    send = post_event
+    send = record_payment = post_event
 
 
 @dataclass
@@ -93,6 +101,57 @@ def cached_balance(stale_for: float) -> Balance:
     return Balance(0, stale_for)
 
 
+@dataclass
+class Message:
+    id: str
+
+
+class MailProvider:
+    """A mail service that sends a message once per idempotency key."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, Message] = {}
+
+    def send(self, *args: Any, idempotency_key: str) -> Message:
+        return self.sent.setdefault(idempotency_key, Message(f"msg_{len(self.sent) + 1}"))
+
+    def find(self, idempotency_key: str) -> Message | None:
+        return self.sent.get(idempotency_key)
+
+
+@dataclass
+class ReceiptEmail:
+    """The reader's receipt model, its rows kept in memory."""
+
+    payment_id: int
+    pk: int = 0
+    objects: ClassVar[Receipts]
+
+
+class Receipts:
+    """``ReceiptEmail.objects``."""
+
+    def __init__(self) -> None:
+        self.rows: list[ReceiptEmail] = []
+
+    def create(self, **fields: Any) -> ReceiptEmail:
+        row = ReceiptEmail(pk=len(self.rows) + 1, **fields)
+        self.rows.append(row)
+        return row
+
+
+ReceiptEmail.objects = Receipts()
+
+
+# The example secret of the Standard Webhooks specification, as the inbox page's sender uses.
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def webhook_secrets() -> list[str]:
+    """The reader's secrets for a sender, read at every delivery."""
+    return [WEBHOOK_SECRET]
+
+
 def ask_the_provider(key: Any) -> Any:
     """A reconcile hook: nothing is known downstream, so the key is left for a person."""
     return None
@@ -113,6 +172,13 @@ PROJECT: dict[str, Any] = {
     "event_bus": Recorder(),
     "Balance": Balance,
     "cached_balance": cached_balance,
+    "Order": Order,
+    "mail_provider": MailProvider(),
+    "alert": Recorder().send,  # the reader's paging function
+    "orders_verifier": StandardWebhooksSignature(webhook_secrets),
+    "stripe_secrets": webhook_secrets,
+    "github_secrets": webhook_secrets,
+    "partner_secrets": webhook_secrets,
 }
 
 
@@ -150,7 +216,14 @@ def install(*, api: bool = False) -> None:
     if api:
         module("payments.views", PaymentView=PaymentView)
         module("payments.urls", urlpatterns=urlpatterns)
-    module("payments.models", Payment=Payment, LedgerEntry=LedgerEntry, models=models)
+    module(
+        "payments.models",
+        Payment=Payment,
+        LedgerEntry=LedgerEntry,
+        ReceiptEmail=ReceiptEmail,
+        models=models,
+    )
     module("payments.serializers", PaymentSerializer=PaymentSerializer)
     module("payments.reconcile", ask_the_provider=ask_the_provider)
     module("billing.models", Invoice=Refund)
+    module("payments", provider=provider)  # a package by now: it holds the modules above

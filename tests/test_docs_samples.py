@@ -18,7 +18,8 @@ How a block runs depends on what it is:
   nothing of the library's, Django's or Python's. A block whose first line is
   ``# package/module.py`` is that module: its relative imports work, and other blocks (and dotted
   paths in settings) import it by that name. ``async with``/``await`` at the top level run in an
-  event loop, and ``https://ledger.example.com`` is a live local server. Every ``IdempotentMixin``
+  event loop, and ``https://ledger.example.com`` and ``https://billing.example.com`` are a live
+  local server. Every ``IdempotentMixin``
   view it defines must set only the mixin's options and turn them into a policy; the blocks listed
   in ``EXERCISES`` are then used as a reader would: views called over HTTP with the test client
   (the retry replays), app configs made ready, client responses read.
@@ -75,6 +76,7 @@ from django.http import JsonResponse
 from django.test import Client, override_settings
 from django.test.client import RequestFactory
 from django.urls import clear_url_caches, path
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.settings import api_settings
@@ -82,23 +84,21 @@ from rest_framework.settings import api_settings
 from django_idempotency import signals
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
-from django_idempotency.inbox import handlers
+from django_idempotency.inbox import handlers, inbox_handler
 from django_idempotency.models import IdempotencyKey, OutboxMessage
 from django_idempotency.outbox import dispatchers
+from django_idempotency.reconcile import ExpiredKey, NothingHappened, Reconciled, Unknown
 from tests import docs_project
 from tests.factories import UserFactory
 from tests.testapp.models import LedgerEntry, Payment
-
-# Pages other work is rewriting right now: their blocks are collected but not yet held to the
-# rule. Pending: remove each page from this list once its samples run or are marked.
-PENDING_PAGES = frozenset({"docs/inbox.md", "docs/operations.md", "docs/admin.md", "docs/tasks.md"})
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FRAGMENT = re.compile(r"^<!-- fragment(?:: [^>]*)? -->$")
 FENCE = re.compile(r"^```python\s*$")
 HEADER = re.compile(r"^# ([\w/]+)\.py\b")
-EXAMPLE_HOST = "https://ledger.example.com"
+# The services the samples call: each is the local ledger server while a sample runs.
+EXAMPLE_HOSTS = re.compile(r"https://(?:ledger|billing)\.example\.com")
 
 
 @dataclass(frozen=True)
@@ -131,8 +131,11 @@ def blocks(pages: list[Path] = PAGES, root: Path = ROOT) -> Iterator[Block]:
 
 
 def commits(block: Block) -> bool:
-    """Lease mode commits the key before the view runs: not inside a test's transaction."""
-    return bool(re.search(r"""mode\s*=\s*["']lease""", block.code))
+    """Lease mode commits the key before the view runs, and some exercises need their commits
+    (the inbox processes an event once it is recorded): not inside a test's transaction."""
+    return bool(re.search(r"""mode\s*=\s*["']lease""", block.code)) or any(
+        page == block.page and excerpt in block.code for page, excerpt in COMMITTING_EXERCISES
+    )
 
 
 def params(*, committing: bool = False) -> list[Any]:
@@ -141,9 +144,7 @@ def params(*, committing: bool = False) -> list[Any]:
         if commits(block) != committing:
             continue
         marks = []
-        if block.page in PENDING_PAGES:
-            marks.append(pytest.mark.skip(reason=f"{block.page} is pending"))
-        elif block.fragment:
+        if block.fragment:
             marks.append(pytest.mark.skip(reason="marked as a fragment"))
         found.append(pytest.param(block, id=block.where, marks=marks))
     return found
@@ -339,7 +340,7 @@ def run_code(block: Block, ledger: str) -> types.ModuleType:
     previous = sys.modules.get(name)
     sys.modules[name] = module
     code = compile(
-        block.code.replace(EXAMPLE_HOST, ledger),
+        EXAMPLE_HOSTS.sub(ledger, block.code),
         block.where,
         "exec",
         dont_inherit=True,
@@ -372,7 +373,7 @@ class DocsFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.files: dict[str, list[Block]] = {}
         for block in blocks():
             name = header_name(block)
-            if name and not block.fragment and block.page not in PENDING_PAGES:
+            if name and not block.fragment:
                 self.files.setdefault(name, []).append(block)
 
     def find_spec(self, fullname: str, search: Any, target: Any = None) -> Any:
@@ -394,7 +395,7 @@ class DocsFiles(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         ]
         block = before[-1] if before else candidates[0]
         module.__dict__.update(docs_project.PROJECT)
-        source = block.code.replace(EXAMPLE_HOST, self.ledger)
+        source = EXAMPLE_HOSTS.sub(self.ledger, block.code)
         code = compile(source, block.where, "exec", dont_inherit=True)
         exec(code, module.__dict__)  # noqa: S102  (the docs' own samples)
 
@@ -458,13 +459,19 @@ def routed(*patterns: Any) -> Any:
 EXERCISES: dict[tuple[str, str], Callable[[types.ModuleType, Client], None]] = {}
 
 
+COMMITTING_EXERCISES: set[tuple[str, str]] = set()
+
+
 def exercise(
-    page: str, excerpt: str
+    page: str, excerpt: str, *, committing: bool = False
 ) -> Callable[[Callable[[types.ModuleType, Client], None]], Callable[..., None]]:
-    """Register how the block of ``page`` whose code holds ``excerpt`` is used once it ran."""
+    """Register how the block of ``page`` whose code holds ``excerpt`` is used once it ran;
+    ``committing`` if it needs its transactions to commit."""
 
     def register(function: Callable[[types.ModuleType, Client], None]) -> Callable[..., None]:
         EXERCISES[(page, excerpt)] = function
+        if committing:
+            COMMITTING_EXERCISES.add((page, excerpt))
         return function
 
     return register
@@ -615,6 +622,53 @@ def client_response(module: types.ModuleType, client: Client) -> None:
     assert module.response.json()["path"].startswith("/")
 
 
+@exercise("docs/inbox.md", "signer.sign(body", committing=True)
+def signed_delivery(module: types.ModuleType, client: Client) -> None:
+    """The quick start's receiver processes the delivery; the same again is a duplicate."""
+    webhooks = importlib.import_module("billing.webhooks")
+    handled: list[Any] = []
+    inbox_handler("orders", "order.paid")(handled.append)
+    headers = {name: value for name, value in module.headers.items() if name != "Content-Type"}
+    answers: list[tuple[int, Any]] = []
+    with (
+        routed(path("webhooks/orders/", webhooks.OrdersWebhook.as_view())),
+        override_settings(ORDERS_WEBHOOK_SECRETS=[docs_project.WEBHOOK_SECRET]),
+    ):
+        for _ in "12":
+            response = client.post(
+                "/webhooks/orders/",
+                module.body,
+                content_type="application/json",
+                headers=headers,
+            )
+            answers.append((response.status_code, response.json()))
+    assert answers == [(200, {"status": "processed"}), (200, {"status": "duplicate"})]
+    (event,) = handled
+    assert (event.source, event.event_id, event.event_type) == ("orders", "evt_1042", "order.paid")
+
+
+@exercise("docs/operations.md", "def ask_the_provider(expired: ExpiredKey)")
+def reconcile_hook(module: types.ModuleType, client: Client) -> None:
+    """The hook answers each of its three results, as the provider's charge says."""
+    charge = docs_project.provider.charge(700, idempotency_key="key-charged")
+
+    def ask(key: str) -> Any:
+        expired = ExpiredKey("anonymous", key, "payments/", "POST", "", 1, timezone.now())
+        return module.ask_the_provider(expired)
+
+    answer = ask("key-charged")
+    assert isinstance(answer, Reconciled)
+    assert answer.stored() == (
+        [("Content-Type", "application/json")],
+        json.dumps({"id": charge.id, "amount": 700}).encode(),
+    )
+    assert answer.status == 201
+    assert isinstance(ask("key-never-charged"), NothingHappened)
+    unavailable = docs_project.Provider.Unavailable
+    with mock.patch.object(docs_project.provider, "find_charge", side_effect=unavailable):
+        assert isinstance(ask("key-charged"), Unknown)
+
+
 def defines_tests(tree: ast.Module) -> bool:
     return any(
         isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_")
@@ -755,7 +809,7 @@ def sample_test_results(tmp_path_factory: Any) -> dict[str, list[tuple[str, str]
     directory = tmp_path_factory.mktemp("samples")
     (directory / "conftest.py").write_text(SAMPLES_CONFTEST)
     for block in blocks():
-        if block.page in PENDING_PAGES or block.fragment:
+        if block.fragment:
             continue
         try:
             if defines_tests(ast.parse(block.code)):
