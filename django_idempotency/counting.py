@@ -55,16 +55,17 @@ class DeferredCounts:
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
-    def add(self, using: str, row_id: int, lease_version: int, at: datetime) -> int:
-        """Count one more of the row ``row_id`` at ``at``, to be written within ``delay``.
+    def add(self, using: str, row_id: int, version: int, at: datetime) -> int:
+        """Count one more of the row ``row_id`` (at ``version``) at ``at``, to be written
+        within ``delay``.
 
         Return how many of that row this process counted since its last write.
         """
         with self._lock:
             rows = self._pending.setdefault(using, {})
-            count = rows.get((row_id, lease_version))
+            count = rows.get((row_id, version))
             if count is None:
-                count = rows[(row_id, lease_version)] = Count(0, at)
+                count = rows[(row_id, version)] = Count(0, at)
             count.times += 1
             count.last_at = max(count.last_at, at)
             if self._timer is None:
