@@ -65,6 +65,7 @@ class MariaDBStatements(NamedTuple):
     locked_row: str  # the row that holds a key, locked
     take_over: str
     release_picked: str  # a template: {ids}
+    purge_range_bounded: str
     purge_pick: str
     purge_picked: str  # a template: {ids}
 
@@ -227,6 +228,12 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
         + f" WHERE {c('id')} = %s"
     )
     in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
+    # The batches walk the primary key, and only it: left to choose, the optimizer may scan the
+    # expiry index instead, locking the entries of rows that another batch holds, and two
+    # batches then deadlock. A list of a thousand ids or more it would turn into a join (on a
+    # scan of the whole index) unless told not to.
+    primary = "FORCE INDEX (PRIMARY)"
+    by_id = "SET STATEMENT in_predicate_conversion_threshold = 0 FOR"
     return MariaDBStatements(
         locked_row=(
             f"SELECT {', '.join(c(name) for name in HOLDER)} FROM {t} "  # noqa: S608
@@ -234,9 +241,14 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
         ),
         take_over=take_over,
         release_picked=(
-            f"UPDATE {t} SET {c('state')} = 'failed', {c('locked_until')} = NULL, "  # noqa: S608
-            f"{c('lease_version')} = {c('lease_version')} + 1 WHERE {c('id')} IN ({{ids}})"
+            f"{by_id} UPDATE {t} {primary} SET {c('state')} = 'failed', "  # noqa: S608
+            f"{c('locked_until')} = NULL, {c('lease_version')} = {c('lease_version')} + 1 "
+            f"WHERE {c('id')} IN ({{ids}})"
         ),
-        purge_pick=f"SELECT {c('id')} FROM {t} WHERE {in_range} FOR UPDATE SKIP LOCKED",  # noqa: S608
-        purge_picked=f"DELETE FROM {t} WHERE {c('id')} IN ({{ids}})",  # noqa: S608
+        purge_range_bounded=(
+            "SET STATEMENT innodb_lock_wait_timeout = %s FOR "
+            f"DELETE {t} FROM {t} {primary} WHERE {in_range}"
+        ),
+        purge_pick=f"SELECT {c('id')} FROM {t} {primary} WHERE {in_range} FOR UPDATE SKIP LOCKED",  # noqa: S608
+        purge_picked=f"{by_id} DELETE {t} FROM {t} {primary} WHERE {c('id')} IN ({{ids}})",
     )

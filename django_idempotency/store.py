@@ -89,6 +89,7 @@ class Conflict:
 # How long a purge batch waits for a row that a request holds (taking that expired key over)
 # before it leaves the locked rows of that batch for the next run.
 PURGE_LOCK_TIMEOUT = "100ms"
+PURGE_LOCK_WAIT = 1  # MariaDB's, in whole seconds
 
 
 def is_lock_timeout(exc: OperationalError) -> bool:
@@ -462,10 +463,21 @@ class MariaDBKeyStore(KeyStore):
         return again_after_deadlocks(release, self.connection)
 
     def purge_range(self, low: int, high: int, now: datetime) -> int:
-        # A row a request holds (taking that expired key over) is skipped: the next run has it.
+        # As on PostgreSQL: a plain range delete, which waits a moment at most for a locked row
+        # (another purge's batch, or a request taking that expired key over). Past that, the
+        # rows that are locked are skipped: the next run has them. Skipping is not the first
+        # choice: MariaDB's SKIP LOCKED can skip a row whose holder then rolls back (a
+        # deadlock), so two purges at once would each leave it.
         params = [low, high, self._prep("expires_at", now)]
 
         def purge() -> int:
+            try:
+                with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                    cursor.execute(self.more.purge_range_bounded, [PURGE_LOCK_WAIT, *params])
+                    return int(cursor.rowcount)
+            except OperationalError as exc:
+                if mariadb_error(exc) != LOCK_WAIT_TIMEOUT:
+                    raise
             with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
                 cursor.execute(self.more.purge_pick, params)
                 return self._apply(cursor, self.more.purge_picked)
