@@ -14,6 +14,8 @@ from typing import Any, Generic, Literal, NamedTuple, TypeVar, cast
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 from django.utils.module_loading import import_string
 
 T = TypeVar("T")
@@ -291,7 +293,7 @@ def checked(name: str, value: Any, label: str) -> Any:
 
 
 class _Setting(Generic[T]):
-    """One key of ``IDEMPOTENCY``, read live, as the code uses it."""
+    """One key of ``IDEMPOTENCY``, as the code uses it."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -301,7 +303,14 @@ class _Setting(Generic[T]):
 
 
 class IdempotencySettings:
-    """Typed, read-only view of ``settings.IDEMPOTENCY`` with defaults."""
+    """Typed, read-only view of ``settings.IDEMPOTENCY`` with defaults.
+
+    Each value is checked and converted once, then kept until the setting changes
+    (``override_settings`` and the test client's ``settings`` say so with ``setting_changed``).
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
 
     @property
     def user_settings(self) -> dict[str, Any]:
@@ -310,10 +319,20 @@ class IdempotencySettings:
 
     def get(self, name: str) -> Any:
         """The value of setting ``name``; a wrong one raises, naming the setting."""
+        try:
+            return self._values[name]
+        except KeyError:
+            pass
         user = self.user_settings
         value = user.get(name, DEFAULTS[name])
         label = f"IDEMPOTENCY['{name}'] ({RULES[name].check_id})"
-        return checked(name, value, label) if name in user else RULES[name].coerce(value)
+        value = checked(name, value, label) if name in user else RULES[name].coerce(value)
+        self._values[name] = value
+        return value
+
+    def reload(self) -> None:
+        """Forget the values read so far: ``settings.IDEMPOTENCY`` has changed."""
+        self._values.clear()
 
     ENABLED = _Setting[bool]()
     HEADER = _Setting[str]()
@@ -344,3 +363,9 @@ class IdempotencySettings:
 
 
 idempotency_settings = IdempotencySettings()
+
+
+@receiver(setting_changed)
+def _reload_settings(*, setting: str, **kwargs: Any) -> None:
+    if setting == "IDEMPOTENCY":
+        idempotency_settings.reload()

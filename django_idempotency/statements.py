@@ -6,6 +6,7 @@ identifiers are interpolated, every value is a parameter. ``store.py`` runs them
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.apps import apps
@@ -23,6 +24,7 @@ def key_model() -> type[IdempotencyKey]:
     return cast("type[IdempotencyKey]", apps.get_model("django_idempotency", "IdempotencyKey"))
 
 
+@cache
 def key_field(name: str) -> Field[Any, Any]:
     return cast("Field[Any, Any]", key_model()._meta.get_field(name))
 
