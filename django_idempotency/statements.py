@@ -144,10 +144,12 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
     )
     updates.update(dict.fromkeys(RESET, "NULL"))
     assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
+    # A lease that ran out is taken over by a retry of its request only (see store._free).
+    same_request = f"{t}.{c('fingerprint')} = EXCLUDED.{c('fingerprint')}"
     conflict = (
         f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
         f"WHERE {t}.{c('expires_at')} <= %s OR {t}.{c('state')} = 'failed' "
-        f"OR {t}.{c('locked_until')} <= %s "
+        f"OR ({t}.{c('locked_until')} <= %s AND {same_request}) "
         f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
     )
     inserted = f"INSERT INTO {t} ({columns}) VALUES ({values})"  # noqa: S608

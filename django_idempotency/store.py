@@ -149,14 +149,19 @@ def _stored(row: tuple[Any, ...]) -> StoredResponse:
     )
 
 
-def _free(row: tuple[Any, ...], now: datetime) -> bool:
-    """Whether the key row read by ``holder`` may be taken over: it expired, failed or its
-    request's lease ran out."""
-    state, locked_until, expires_at = row[3], row[5], row[-1]
+def _free(row: tuple[Any, ...], new: NewKey) -> bool:
+    """Whether ``new`` may take over the key row read by ``holder``: it expired or failed, or
+    its request's lease ran out and ``new`` is a retry of that request. That request may have
+    had its effect: a request with another payload is refused, as when the row was live."""
+    state, fingerprint, locked_until, expires_at = row[3], row[4], row[5], row[-1]
     return (
-        _aware(expires_at) <= now
+        _aware(expires_at) <= new.now
         or state == "failed"
-        or (locked_until is not None and _aware(locked_until) <= now)
+        or (
+            locked_until is not None
+            and _aware(locked_until) <= new.now
+            and fingerprint == new.fingerprint
+        )
     )
 
 
@@ -227,7 +232,7 @@ class KeyStore:
             with self.connection.cursor() as cursor:
                 cursor.execute(self.sql.holder, [new.scope, new.key])
                 row = cursor.fetchone()
-            if row is None or _free(row, new.now):
+            if row is None or _free(row, new):
                 if not take_over:
                     return None
                 if (claim := self.claim(new)) is not None:
@@ -418,7 +423,7 @@ class MariaDBKeyStore(KeyStore):
                     break
                 # Unreachable while the insert's lock holds the row; should a purge have taken it
                 # in between, the key is new again.
-            if _free(row, new.now):
+            if _free(row, new):
                 id_, version, attempts, state = row[:4]
                 inserted = self._inserted(new)
                 renewed = [inserted[name] for name in statements.RENEWED]

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from django_idempotency.engine import Engine
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import KeyStore, NewKey
+from django_idempotency.store import Conflict, KeyStore, NewKey
 from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Charge, Payment
@@ -40,13 +40,15 @@ def _forget_recoveries():
     RecoveringLeasePaymentView.recovered.clear()
 
 
-def claim(store, key, now, lease=timedelta(seconds=1)):
-    return store.claim(
-        NewKey(
-            scope="s", key=key, method="POST", route="r/", fingerprint="f" * 64, now=now,
-            expires_at=now + timedelta(hours=24), wait_timeout=1, locked_until=now + lease,
-        )
+def new_key(key, now, lease=timedelta(seconds=1), fingerprint="f" * 64):
+    return NewKey(
+        scope="s", key=key, method="POST", route="r/", fingerprint=fingerprint, now=now,
+        expires_at=now + timedelta(hours=24), wait_timeout=1, locked_until=now + lease,
     )  # fmt: skip
+
+
+def claim(store, key, now, lease=timedelta(seconds=1)):
+    return store.claim(new_key(key, now, lease))
 
 
 @pytest.mark.django_db(transaction=True)
@@ -66,6 +68,20 @@ class TestFencing:
         row = IdempotencyKey.objects.get()
         assert (row.state, row.response_body) == (IdempotencyKey.State.IN_PROGRESS, None)
         assert store.complete(second, status=201, headers=[], body=b"ok", now=now) is True
+
+    def test_a_lease_that_ran_out_is_not_taken_over_by_another_payload(self):
+        # Its request may have had its effect: only a retry of that request may take it over.
+        store = KeyStore("default")
+        now = timezone.now()
+        claim(store, "k", now)
+        later = now + timedelta(seconds=2)
+        changed = new_key("k", later, fingerprint="e" * 64)
+
+        assert store.claim(changed) is None
+        assert store.acquire(changed) == Conflict(fingerprint_matches=False)
+        row = IdempotencyKey.objects.get()
+        assert (row.state, row.lease_version, row.attempts) == ("in_progress", 1, 1)
+        assert store.acquire(new_key("k", later)).lease_version == 2  # the same payload may
 
     def test_a_completed_key_is_not_taken_over_until_it_expires(self):
         store = KeyStore("default")
@@ -232,6 +248,30 @@ class TestLeaseConcurrency:
         assert Payment.objects.count() == 1
         assert "longer than its 1 s lease" in caplog.text  # said once, by the lease keeper
         assert caplog.text.count("longer than its") == 1
+
+    def test_a_lease_that_ran_out_refuses_a_retry_with_another_payload(
+        self, alice, key, monkeypatch
+    ):
+        # The first request may have charged 5: a request for 7 with its key is refused, as
+        # any other mismatch is, and the first request keeps its key and stores its answer.
+        monkeypatch.setattr(LeasePaymentView, "idempotency_engine", Engine(leases=FrozenLeases()))
+        first = self.start(
+            lambda: ApiClient(alice).send(
+                "POST", "/lease-recovering/", {"amount": 5}, key=key, headers={"X-Delay": "2"}
+            )
+        )
+        time.sleep(1.3)
+        changed = ApiClient(alice).send("POST", "/lease-recovering/", {"amount": 7}, key=key)
+        answer = first()
+
+        assert changed.status_code == 422
+        assert json.loads(changed.content)["code"] == "idempotency.payload_mismatch"
+        assert (answer.status_code, answer["Idempotency-Status"]) == (201, "stored")
+        assert RecoveringLeasePaymentView.recovered == []
+        assert Charge.objects.get().calls == 1
+        assert Payment.objects.get().amount == 5
+        row = IdempotencyKey.objects.get()
+        assert (row.state, row.lease_version, row.attempts) == ("succeeded", 1, 1)
 
     @override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 5})
     @pytest.mark.parametrize("slow", ["X-Delay", "X-Hold", "X-Hold-Recorded"])
