@@ -5,6 +5,8 @@ Ids are stable: never reuse one. Retired: W001 (became E012 before any release).
 
 from __future__ import annotations
 
+import difflib
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -14,10 +16,11 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
+from django_idempotency.policy import SETTING_OF
 from django_idempotency.store import SUPPORTED_VENDORS
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Iterator, Sequence
 
     from django.apps import AppConfig
     from django.core.checks import CheckMessage
@@ -260,3 +263,89 @@ def check_lease(
             id="django_idempotency.W005",
         )
     ]
+
+
+# The DRF mixin's attributes: one per option, and the engine.
+_VIEW_ATTRIBUTES = frozenset(f"idempotency_{name}" for name in (*SETTING_OF, "engine"))
+
+
+@register(Tags.urls)
+def check_views(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """The options of each idempotent view in the URLconf, checked as its first request would.
+
+    A misspelt ``idempotency_*`` attribute on a DRF view would otherwise be ignored, and a
+    wrong value found only by the view's first request.
+    """
+    from django.urls import get_resolver  # noqa: PLC0415 - the URLconf is the project's
+
+    try:
+        patterns = get_resolver().url_patterns
+    except Exception:  # Django's own URL checks report a URLconf that fails
+        return []
+    messages: list[CheckMessage] = []
+    known = sorted(_VIEW_ATTRIBUTES)
+    for view, label, options, unknown in _idempotent_views(patterns, set()):
+        for name in unknown:
+            close = difflib.get_close_matches(name, known, n=1)
+            messages.append(
+                Error(
+                    f"{label}.{name} is not an idempotency option: it would be ignored.",
+                    hint=f"Did you mean {close[0]}?"
+                    if close
+                    else f"The options: {', '.join(known)}.",
+                    obj=view,
+                    id="django_idempotency.E032",
+                )
+            )
+        for name, value in options.items():
+            rule = RULES[SETTING_OF[name]]
+            if value is not None and (problem := rule.problem(value)) is not None:
+                messages.append(
+                    Error(
+                        f"{label}'s {name} option {problem}; got {value!r}.",
+                        hint=f"Leave it unset (None) to follow IDEMPOTENCY['{SETTING_OF[name]}'].",
+                        obj=view,
+                        id="django_idempotency.E033",
+                    )
+                )
+    return messages
+
+
+def _idempotent_views(
+    patterns: Iterable[Any], seen: set[int]
+) -> Iterator[tuple[Any, str, dict[str, Any], list[str]]]:
+    """Each idempotent view once: itself, its name, its options and its unknown attributes."""
+    from django.urls import URLResolver  # noqa: PLC0415
+
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _idempotent_views(pattern.url_patterns, seen)
+        elif (found := _options_of(pattern.callback)) is not None and id(found[0]) not in seen:
+            seen.add(id(found[0]))
+            yield found
+
+
+def _options_of(callback: Any) -> tuple[Any, str, dict[str, Any], list[str]] | None:
+    # The mixin's module is imported by the project's views if any uses it; DRF is optional.
+    drf = sys.modules.get("django_idempotency.drf")
+    view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
+    if (
+        drf is not None
+        and isinstance(view_class, type)
+        and issubclass(view_class, drf.IdempotentMixin)
+    ):
+        unknown = [
+            name
+            for name in dir(view_class)
+            if name.startswith("idempotency_") and name not in _VIEW_ATTRIBUTES
+        ]
+        options = {name: getattr(view_class, f"idempotency_{name}") for name in SETTING_OF}
+        # A property is read per request, from the view: nothing to check here.
+        options = {
+            name: value for name, value in options.items() if not isinstance(value, property)
+        }
+        return view_class, view_class.__qualname__, options, unknown
+    decorated = getattr(callback, "idempotency_options", None)  # @idempotent's
+    return None if decorated is None else (callback, callback.__qualname__, decorated, [])

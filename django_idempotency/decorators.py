@@ -89,6 +89,7 @@ def idempotent(
                 return await sync_to_async(handle, thread_sensitive=True)(request, view)
 
             async_wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+            async_wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
             return async_wrapper  # type: ignore[return-value] # awaited by Django
 
         @wraps(view_func)
@@ -96,6 +97,7 @@ def idempotent(
             return handle(request, lambda: view_func(request, *args, **kwargs))
 
         wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+        wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
         return wrapper
 
     return decorator if view is None else decorator(view)

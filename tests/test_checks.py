@@ -8,10 +8,15 @@ import pytest
 from django.core.cache import caches as django_caches
 from django.core.management import call_command
 from django.db import connection
+from django.http import HttpResponse
 from django.test import override_settings
+from django.urls import include, path
+from rest_framework.views import APIView
 
 from django_idempotency import checks, conf
-from django_idempotency.checks import check_database, check_settings
+from django_idempotency.checks import check_database, check_settings, check_views
+from django_idempotency.decorators import idempotent
+from django_idempotency.drf import IdempotentMixin
 
 SOURCE = Path(checks.__file__).read_text() + Path(conf.__file__).read_text()
 
@@ -350,3 +355,57 @@ def test_a_replay_cache_may_be_warned_about_twice():
     }
     with override_settings(CACHES=caches, IDEMPOTENCY={"CACHE": "replay"}):
         assert ids(check_cache()) == ["django_idempotency.W003", "django_idempotency.W004"]
+
+
+# An idempotent view's options are checked at startup, not by its first request.
+
+
+class MisspeltView(IdempotentMixin, APIView):
+    idempotency_requried = True
+
+
+class NegativeTtlView(IdempotentMixin, APIView):
+    idempotency_ttl = -5
+
+
+class GoodView(IdempotentMixin, APIView):
+    idempotency_required = True
+    idempotency_ttl = timedelta(hours=1)
+
+
+@idempotent(mode="leased")
+def misconfigured_function(request):
+    return HttpResponse()
+
+
+urlpatterns = [
+    path("misspelt/", MisspeltView.as_view()),
+    path("nested/", include([path("negative/", NegativeTtlView.as_view())])),
+    path("again/", NegativeTtlView.as_view()),
+    path("good/", GoodView.as_view()),
+    path("function/", misconfigured_function),
+]
+
+
+@override_settings(ROOT_URLCONF=__name__)
+def test_a_view_s_misspelt_or_wrong_options_fail_the_checks():
+    messages = {(message.id, message.obj): message for message in check_views()}
+
+    assert set(messages) == {
+        ("django_idempotency.E032", MisspeltView),
+        ("django_idempotency.E033", NegativeTtlView),  # once, though it is routed twice
+        ("django_idempotency.E033", misconfigured_function),
+    }
+    misspelt = messages["django_idempotency.E032", MisspeltView]
+    assert misspelt.msg == (
+        "MisspeltView.idempotency_requried is not an idempotency option: it would be ignored."
+    )
+    assert misspelt.hint == "Did you mean idempotency_required?"
+    negative = messages["django_idempotency.E033", NegativeTtlView].msg
+    assert negative.startswith("NegativeTtlView's ttl option must be")
+    assert negative.endswith("got -5.")
+    assert "mode option must be" in messages["django_idempotency.E033", misconfigured_function].msg
+
+
+def test_the_test_project_s_views_pass_the_view_checks():
+    assert check_views() == []

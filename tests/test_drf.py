@@ -494,6 +494,7 @@ class TestPerViewOptions:
         scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
         assert scopes == {"account:acme", "account:other"}
 
+    @override_settings(ROOT_URLCONF="tests.testapp.misconfigured_urls")
     def test_a_scope_function_that_cannot_be_imported_names_the_view(self, client_alice, key):
         from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
 
@@ -501,6 +502,7 @@ class TestPerViewOptions:
             client_alice.send("POST", "/unimportable-scope/", {"amount": 1}, key=key)
         assert effects() == (0, 0, 0)
 
+    @override_settings(ROOT_URLCONF="tests.testapp.misconfigured_urls")
     def test_a_string_where_a_list_belongs_is_an_error(self, client_alice, key):
         from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
 
