@@ -63,7 +63,12 @@ _PROBLEM = ResolvedComponent(  # type: ignore[no-untyped-call]
 _IDEMPOTENCY_ANSWERS = {
     "400": (
         "The idempotency key is missing or malformed "
-        "(`idempotency.key_missing`, `idempotency.key_invalid`)."
+        "(`idempotency.key_missing`, `idempotency.key_invalid`), or the body cannot be read "
+        "to fingerprint the request (`idempotency.body_invalid`)."
+    ),
+    "411": (
+        "A request with a key and a body must give the body's length in `Content-Length` "
+        "(`idempotency.length_required`)."
     ),
     "409": (
         "A request with this key is still in progress (`idempotency.in_progress`); "

@@ -13,6 +13,7 @@ from drf_spectacular.validation import validate_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_idempotency import problems
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.keys import InvalidKey, parse_key
 
@@ -48,6 +49,17 @@ def test_an_idempotent_operation_documents_the_key_its_errors_and_its_replays(sc
         assert set(response["headers"]) >= {"Idempotency-Status", "Idempotent-Replayed"}
     problem = schema["components"]["schemas"]["IdempotencyProblem"]
     assert "idempotency.payload_mismatch" in problem["properties"]["code"]["description"]
+
+
+def test_every_answer_of_the_engine_is_documented_with_its_code(schema):
+    op = operation(schema, "/payments/", "post")
+    engine_answers = (
+        problems.KEY_MISSING, problems.KEY_INVALID, problems.BODY_INVALID,
+        problems.LENGTH_REQUIRED, problems.PAYLOAD_MISMATCH, problems.IN_PROGRESS,
+        problems.UNAVAILABLE,
+    )  # fmt: skip
+    for problem in engine_answers:
+        assert f"`{problem.code}`" in op["responses"][str(problem.status)]["description"]
 
 
 def test_the_key_is_optional_where_the_view_says_so(schema):
