@@ -37,7 +37,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import DatabaseError, router, transaction
 from django.utils import timezone
 
-from django_idempotency import _optional, signals
+from django_idempotency import _optional, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
 from django_idempotency.engine import ROUTE_LENGTH, _fit_scope
 from django_idempotency.keys import MAX_LENGTH
@@ -159,13 +159,22 @@ def idempotent_task(
         @functools.wraps(body)
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
             call = functools.partial(body, task, *args) if bind else functools.partial(body, *args)
-            return TaskRun(task, options, args, kwargs).execute(call, takes_key=takes_key)
+            with correlation.bind(_correlation_id(task)):
+                return TaskRun(task, options, args, kwargs).execute(call, takes_key=takes_key)
 
         # Celery checks a task's arguments against this when it is sent, not in the worker.
         run.__signature__ = _signature(body, bind=bind)  # type: ignore[attr-defined]
         return shared_task(bind=True, **task_options)(run)
 
     return declare if func is None else declare(func)
+
+
+def _correlation_id(task: Task) -> str | None:
+    """The correlation id the task was sent with (``CeleryTaskDispatcher`` sends one)."""
+    # Eager runs keep the message's headers apart; a worker merges them into the request.
+    request = task.request
+    headers = getattr(request, "headers", None)
+    return correlation.from_headers(headers) or correlation.clean(request.get(correlation.HEADER))
 
 
 def _signature(body: Callable[..., Any], *, bind: bool) -> inspect.Signature:

@@ -21,6 +21,7 @@ django.setup()
 from celery import Celery  # noqa: E402
 
 from django_idempotency.celery import idempotent_task  # noqa: E402
+from django_idempotency.correlation import get_correlation_id  # noqa: E402
 from tests.testapp.models import Refund  # noqa: E402
 
 REDIS_URL = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CELERY_DB', '14')}"
@@ -97,7 +98,12 @@ def refund(
         lines = Path(failures).read_text().split()
         Path(failures).write_text("\n".join(lines[1:]))
         raise Flaky(lines[0])
-    return {"label": label, "amount": amount, "run": uuid.uuid4().hex}
+    return {
+        "label": label,
+        "amount": amount,
+        "run": uuid.uuid4().hex,
+        "correlation_id": get_correlation_id(),
+    }
 
 
 def recover_receipt(

@@ -27,6 +27,7 @@ from django_idempotency.celery import (
     arguments_fingerprint,
     idempotent_task,
 )
+from django_idempotency.correlation import get_correlation_id
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import KeyStore
 from tests.conftest import CI, process_env
@@ -132,6 +133,25 @@ def test_a_task_sent_twice_with_one_key_runs_once_and_the_duplicate_gets_the_sto
     assert json.loads(bytes(row.response_body)) == first
     unwritten_counts.flush()  # the replay counted in memory
     assert key_row(key="k1").replay_count == 1
+
+
+@idempotent_task(name="tests.correlated")
+def correlated():
+    return get_correlation_id()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_task_runs_with_the_correlation_id_of_its_message_headers():
+    sent = correlated.apply(
+        kwargs={"idempotency_key": "c1"}, headers={"X-Correlation-ID": "corr-1"}
+    )
+    forged = correlated.apply(
+        kwargs={"idempotency_key": "c2"}, headers={"X-Correlation-ID": "a\nb"}
+    )
+
+    assert sent.get() == "corr-1"
+    assert forged.get() is None
+    assert get_correlation_id() is None  # bound while the task ran only
 
 
 @pytest.mark.django_db(transaction=True)
@@ -592,6 +612,21 @@ def test_the_same_task_sent_50_times_at_once_has_one_effect(workers):
     assert len({json.dumps(result, sort_keys=True) for result in results}) == 1
     # The worker writes its replay counts a second after counting them.
     wait_for(lambda: key_row(key=label).replay_count == 49, timeout=10)
+
+
+@pytest.mark.postgresql
+@pytest.mark.redis  # the result backend, whichever the broker
+@pytest.mark.django_db(transaction=True)
+def test_the_task_runs_with_the_correlation_id_it_was_sent_with(workers):
+    # As CeleryTaskDispatcher sends an outbox message's: a message header, which the worker
+    # merges into the task's request.
+    workers.start(concurrency=1)
+    label = uuid.uuid4().hex
+    result = workers.app.send_task(
+        "tests.refund", (label, 1), headers={"X-Correlation-ID": f"corr-{label}"}
+    )
+
+    assert result.get(timeout=60)["correlation_id"] == f"corr-{label}"
 
 
 @pytest.mark.postgresql

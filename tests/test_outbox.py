@@ -264,6 +264,16 @@ def test_the_celery_task_dispatcher_sends_the_message_id_as_the_task_id(monkeypa
     assert repr(CeleryTaskDispatcher("x")) == "CeleryTaskDispatcher('x')"
 
 
+def test_the_celery_task_dispatcher_sends_the_message_s_correlation_id(monkeypatch):
+    sent = []
+    monkeypatch.setattr(current_app, "send_task", lambda name, **kw: sent.append(kw))
+    message = OutboxMessageFactory.build(headers={"X-Correlation-ID": "corr-7"})
+
+    CeleryTaskDispatcher("billing.handle")(message)
+
+    assert sent[0]["headers"] == {"X-Correlation-ID": "corr-7"}
+
+
 # Over HTTP: the webhook dispatcher, and the test app's inbox behind a real server.
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency import _celery, _optional
+from django_idempotency import _celery, _optional, correlation
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.signing import StandardWebhooksSignature
 
@@ -162,7 +162,9 @@ class CeleryTaskDispatcher:
     """Send each message's payload to the Celery task ``task_name``.
 
     The task receives ``payload`` and ``message_id`` as keyword arguments; the message id is
-    also the task id. Celery delivers at least once too: make the task dedupe on it.
+    also the task id. Celery delivers at least once too: make the task dedupe on it. The
+    message's correlation id goes with it as the ``X-Correlation-ID`` message header, which an
+    ``@idempotent_task`` binds while it runs (a plain task finds it in ``self.request``).
     """
 
     def __init__(self, task_name: str, *, queue: str | None = None) -> None:
@@ -173,10 +175,14 @@ class CeleryTaskDispatcher:
         return f"CeleryTaskDispatcher({self.task_name!r})"
 
     def __call__(self, message: OutboxMessage) -> None:
+        options: dict[str, Any] = {}
+        if (correlation_id := correlation.from_headers(message.headers)) is not None:
+            options["headers"] = {correlation.HEADER: correlation_id}
         _celery.send_task(
             self.task_name,
             needed_by="CeleryTaskDispatcher",
             kwargs={"payload": message.payload, "message_id": str(message.message_id)},
             task_id=str(message.message_id),
             queue=self.queue,
+            **options,
         )
