@@ -10,6 +10,7 @@ Runs these one after the other, each in a process of its own:
   purge.py   purge_expired() against one unbatched DELETE of --keys expired keys
   admin.py   the admin's pages at --keys keys
   outbox.py  the outbox relay's throughput
+  profiling.py  where a keyed request's and a webhook's time goes, in one process
 then run.py's requests, webhooks and bursts once more under gunicorn's gthread workers (4 x 4
 threads; --worker-classes sync leaves them out), and, with --databases postgresql mariadb, on
 MariaDB too,
@@ -43,7 +44,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import admin, outbox, purge, run, tables
+from benchmarks import admin, outbox, profiling, purge, run, tables
 from benchmarks.common import ROOT, drop_database
 from benchmarks.databases import DATABASES
 
@@ -68,6 +69,7 @@ QUICK: dict[str, Any] = {
     "loads": 1,
     "messages": 2_000,
     "relays": [1, 2],
+    "profile_requests": 20,
 }
 
 
@@ -122,6 +124,9 @@ def parse_arguments() -> argparse.Namespace:
     sizes.add_argument("--loads", type=int, help="loads of each admin page (5)")
     sizes.add_argument("--messages", type=int, help="pending outbox messages (100,000)")
     sizes.add_argument("--relays", type=int, nargs="+", help="numbers of relays (1 3)")
+    sizes.add_argument(
+        "--profile-requests", type=int, help="requests of each scenario profiled (500)"
+    )
     args = parser.parse_args()
     if "postgresql" not in args.databases:
         parser.error("every part runs on PostgreSQL: --databases adds MariaDB beside it")
@@ -228,6 +233,7 @@ def main() -> None:
     purge_args = purge.parse_arguments(options(rows=args.keys))
     admin_args = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
     outbox_args = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
+    profile_args = profiling.parse_arguments(options(requests=args.profile_requests))
     # The requests on MariaDB: run.py's rounds and bursts, without the sweep and the purge.
     mariadb_args = argparse.Namespace(
         **{**vars(run_args), "database": "mariadb", "sweep": [], "plot": None, "purge_rows": 0}
@@ -242,11 +248,10 @@ def main() -> None:
             "worker_threads": 4,
         }
     )
-    rounds_load = run_args.duration * (run_args.rounds + 1) * len(run.SCENARIOS)
-    load = rounds_load + run_args.duration * run_args.rounds * 2
-    load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
-    load += rounds_load * (len(args.databases) - 1 + len(args.worker_classes) - 1)
-    progress(f"wrk alone will run for {load / 60:.1f} min; the fills and the other parts add more")
+    progress(
+        f"wrk alone will run for {wrk_minutes(args, run_args):.1f} min; the fills and the other "
+        "parts add more"
+    )
 
     started = time.monotonic()
     try:
@@ -266,8 +271,16 @@ def main() -> None:
         pages = in_own_process(admin.measure, admin_args)
         progress("outbox relays")
         relayed = in_own_process(outbox.measure, outbox_args)
+        progress("where the time goes, in one process")
+        profiled = in_own_process(profiling.measure, profile_args)
     finally:  # in case a part died before it could drop its database
-        for database in (run.DATABASE, purge.DATABASE, admin.DATABASE, outbox.DATABASE):
+        for database in (
+            run.DATABASE,
+            purge.DATABASE,
+            admin.DATABASE,
+            outbox.DATABASE,
+            profiling.DATABASE,
+        ):
             drop_database(database)
         if "mariadb" in args.databases:
             DATABASES["mariadb"].drop(run.DATABASE)
@@ -295,12 +308,22 @@ def main() -> None:
         f"## The admin at {args.keys:,} keys\n\n" + admin.report(pages, admin_args),
         "## Purging expired keys\n\n" + purge.report(purged, purge_args),
         "### Requests during a purge\n\n" + tables.during_purge_section(requests, run_args),
+        "## Where the time goes\n\n" + profiled,
     ]
     if "gthread" in args.worker_classes:
         sections.append(gthread_section(threaded, gthread_args))
     if "mariadb" in args.databases:
         sections.append(mariadb_section(on_mariadb, mariadb_args))
     print("\n\n".join(sections))
+
+
+def wrk_minutes(args: argparse.Namespace, run_args: argparse.Namespace) -> float:
+    """How long wrk itself runs, all parts together."""
+    rounds_load = run_args.duration * (run_args.rounds + 1) * len(run.SCENARIOS)
+    load = rounds_load + run_args.duration * run_args.rounds * 2
+    load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
+    load += rounds_load * (len(args.databases) - 1 + len(args.worker_classes) - 1)
+    return load / 60
 
 
 def mariadb_section(results: run.Results, args: argparse.Namespace) -> str:

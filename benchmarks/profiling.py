@@ -3,19 +3,23 @@
 
 Serves the benchmark's URLs (benchmarks/settings.py: the example app, persistent connections,
 logging at WARNING) through Django's WSGI handler in this process, without a server or a
-network, to one PostgreSQL database of its own. For each scenario of run.py's requests (bare,
-fresh, replay, naive-fresh, naive-replay) it prints:
-  - the wall time of a request, median of --rounds rounds of --requests requests, alternated;
+network, to one PostgreSQL database of its own. For run.py's requests (bare, fresh, replay,
+naive-fresh, naive-replay, cached-fresh, cached-replay) and its webhooks (bare-webhook, and
+inbox-database: the inbox's "database" runner, whose request only records the event; each
+event is delivered twice) it prints:
+  - the wall time of a request, median of --requests requests of each scenario, the scenarios
+    alternated request by request, so that a machine that slows down slows them all alike;
   - the statements Django sends and the round trips to the server (libpq's own trace: each
     simple query and each Sync of the extended protocol, BEGIN and COMMIT included), and the
     median time of each statement from Django's cursor, and the server's planning time of it
     (EXPLAIN SUMMARY, which runs nothing);
-then profiles --requests requests of each but bare with cProfile and prints the time
+then profiles --requests requests of each but the bare ones with cProfile and prints the time
 spent in each part of the library, per request (cProfile slows Python code down, calls most;
 read the shares, not the milliseconds). --stats DIR keeps the profiles for pstats or snakeviz.
 
-Needs a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres).
-Usage: python benchmarks/profiling.py [--requests N] [--rounds N] [--stats DIR]
+Needs a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) and Redis on
+127.0.0.1:6379 (the cached-* scenarios' replay cache).
+Usage: python benchmarks/profiling.py [--requests N] [--stats DIR]
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import os
 import pstats
 import statistics
@@ -37,10 +42,12 @@ if __package__ in {None, ""}:  # run as a script: make the benchmarks package im
 
 from benchmarks.common import ROOT, drop_database, millis, recreate_database, table
 from benchmarks.databases import DATABASES
-from benchmarks.run import AUTH, BODY, SCENARIOS
+from benchmarks.run import AUTH, BODY, SCENARIOS, signer
 
 DATABASE = "idempotency_bench_profile"
-PROFILED = ("fresh", "replay", "naive-fresh", "naive-replay")
+PROFILED = ("fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay")
+REQUESTS = ("bare", *PROFILED)
+WEBHOOKS = ("bare-webhook", "inbox-database")
 
 # The parts of a request, each the cumulative time of one function: (file's end, function).
 PARTS = {
@@ -68,6 +75,7 @@ PARTS = {
         "django_idempotency/responses.py",
         "capture",
     ),
+    "… the replay cache's read (ReplayCache.get)": ("django_idempotency/cache.py", "get"),
     "… the replay's response (replay_response)": (
         "django_idempotency/responses.py",
         "replay_response",
@@ -81,12 +89,36 @@ PARTS = {
     "every SQL statement (Django's cursor)": ("django/db/backends/utils.py", "_execute"),
     "commits": ("django/db/backends/base/base.py", "commit"),
 }
+# The parts of a webhook's delivery to the inbox.
+INBOX_PARTS = {
+    "the whole request (Django's WSGI handler)": ("django/core/handlers/wsgi.py", "__call__"),
+    "the receiver view's post()": ("django_idempotency/inbox/views.py", "post"),
+    "… verifying the signature and parsing the payload": (
+        "django_idempotency/inbox/views.py",
+        "_read",
+    ),
+    "… … the signature alone (HMAC-SHA256)": ("django_idempotency/signing.py", "verify"),
+    "… recording the event once (receive)": ("django_idempotency/inbox/receiving.py", "receive"),
+    "… … canonical JSON and SHA-256 of the payload": (
+        "django_idempotency/inbox/receiving.py",
+        "payload_hash",
+    ),
+    "… … its statement, with the values it sends": (
+        "django_idempotency/inbox/receiving.py",
+        "_record",
+    ),
+    "… … a duplicate's count, kept in memory": (
+        "django_idempotency/inbox/receiving.py",
+        "_duplicate",
+    ),
+    "… … signals and their receivers": ("django_idempotency/signals.py", "send_robustly"),
+    "every SQL statement (Django's cursor)": ("django/db/backends/utils.py", "_execute"),
+}
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=500, help="requests per scenario")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per scenario")
     parser.add_argument("--stats", type=Path, help="keep each scenario's profile in this folder")
     return parser.parse_args(argv)
 
@@ -96,6 +128,8 @@ def setup() -> Any:
     sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
     os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
     os.environ["DATABASE_URL"] = DATABASES["postgresql"].url(DATABASE)
+    # The inbox's "database" runner: a delivery records its event, and no worker runs here.
+    os.environ["BENCH_INBOX_RUNNER"] = "database"
     recreate_database(DATABASE)
     import django  # noqa: PLC0415 - set up only once the database exists
 
@@ -106,26 +140,33 @@ def setup() -> Any:
     from django.db import connection  # noqa: PLC0415
 
     call_command("migrate", verbosity=0)
+    from django.core.cache import caches  # noqa: PLC0415
+
+    caches["bench-replay"].clear()  # the cached-* scenarios' replay cache (Redis)
     with connection.cursor() as cursor:
         cursor.execute(DATABASES["postgresql"].naive_table)
+        cursor.execute(DATABASES["postgresql"].bare_table)
     User.objects.create_user("alice", password="password")  # noqa: S106 - a benchmark's user
     return WSGIHandler()
 
 
 class Client:
-    """POSTs the benchmark's payment to the WSGI handler as gunicorn would."""
+    """POSTs the benchmark's payment, or a signed webhook, to the WSGI handler as gunicorn would."""
 
     def __init__(self, handler: Any) -> None:
         self.handler = handler
         self.counter = 0
+        self.deliveries: dict[str, int] = {}
 
-    def post(self, scenario: str) -> None:
-        spec = SCENARIOS[scenario]
-        self.counter += 1
-        body = BODY.encode()
+    def post(self, scenario: str) -> float:
+        """Send one request of ``scenario``; return the seconds the handler took to answer."""
+        if scenario in WEBHOOKS:
+            body, headers, expected = self._webhook(scenario)
+        else:
+            body, headers, expected = self._payment(scenario)
         environ = {
             "REQUEST_METHOD": "POST",
-            "PATH_INFO": spec["path"],
+            "PATH_INFO": SCENARIOS[scenario]["path"],
             "SCRIPT_NAME": "",
             "QUERY_STRING": "",
             "SERVER_NAME": "127.0.0.1",
@@ -134,7 +175,7 @@ class Client:
             "HTTP_HOST": "127.0.0.1:8765",
             "CONTENT_TYPE": "application/json",
             "CONTENT_LENGTH": str(len(body)),
-            "HTTP_AUTHORIZATION": AUTH,
+            **headers,
             "wsgi.input": io.BytesIO(body),
             "wsgi.errors": sys.stderr,
             "wsgi.url_scheme": "http",
@@ -143,26 +184,40 @@ class Client:
             "wsgi.multiprocess": True,
             "wsgi.run_once": False,
         }
-        if spec["key"] != "none":
-            environ["HTTP_IDEMPOTENCY_KEY"] = spec["key"] or f"profile-{self.counter}"
         statuses: list[str] = []
+        started = time.perf_counter()
         response = self.handler(environ, lambda status, *_: statuses.append(status))
         b"".join(response)
         response.close()
-        if not statuses[0].startswith("201"):
+        seconds = time.perf_counter() - started
+        if not statuses[0].startswith(expected):
             raise SystemExit(f"{scenario}: {statuses[0]}")
+        return seconds
+
+    def _payment(self, scenario: str) -> tuple[bytes, dict[str, str], str]:
+        self.counter += 1
+        headers = {"HTTP_AUTHORIZATION": AUTH}
+        key = SCENARIOS[scenario]["key"]
+        if key != "none":
+            headers["HTTP_IDEMPOTENCY_KEY"] = key or f"profile-{self.counter}"
+        return BODY.encode(), headers, "201"
+
+    def _webhook(self, scenario: str) -> tuple[bytes, dict[str, str], str]:
+        # Each event twice in a row, as run.py sends them: half the deliveries are duplicates.
+        sent = self.deliveries[scenario] = self.deliveries.get(scenario, 0) + 1
+        event = {"id": f"evt_profile_{sent // 2}", "type": "refund.succeeded"}
+        body = json.dumps({**event, "data": {"refund": sent // 2, "sequence": 1}}).encode()
+        signature = signer().sign(body)["Stripe-Signature"]
+        return body, {"HTTP_STRIPE_SIGNATURE": signature}, "200"
 
 
-def timings(client: Client, args: argparse.Namespace) -> dict[str, float]:
-    """Median milliseconds per request of each scenario, rounds alternated."""
-    runs: dict[str, list[float]] = {scenario: [] for scenario in ("bare", *PROFILED)}
-    for _ in range(args.rounds):
-        for scenario, seconds in runs.items():
-            started = time.perf_counter()
-            for _ in range(args.requests):
-                client.post(scenario)
-            seconds.append((time.perf_counter() - started) * 1000 / args.requests)
-    return {scenario: statistics.median(seconds) for scenario, seconds in runs.items()}
+def timings(client: Client, scenarios: tuple[str, ...], requests: int) -> dict[str, float]:
+    """Median milliseconds per request of each scenario, alternated request by request."""
+    seconds: dict[str, list[float]] = {scenario: [] for scenario in scenarios}
+    for _ in range(requests):
+        for scenario, taken in seconds.items():
+            taken.append(client.post(scenario))
+    return {scenario: statistics.median(taken) * 1000 for scenario, taken in seconds.items()}
 
 
 def round_trips(client: Client, scenario: str) -> tuple[int, int]:
@@ -191,9 +246,12 @@ def round_trips(client: Client, scenario: str) -> tuple[int, int]:
     return len(statements), trips
 
 
-def statement_times(client: Client, scenario: str, requests: int) -> list[tuple[str, float, float]]:
-    """Each statement of a ``scenario`` request, in order: its start, its median milliseconds
-    from the client, and the median of the server's planning time alone (EXPLAIN SUMMARY)."""
+def statement_times(
+    client: Client, scenarios: tuple[str, ...], requests: int
+) -> dict[str, list[tuple[str, float, float]]]:
+    """Each statement of a request of each scenario, in order: its start, its median
+    milliseconds from the client, and the median of the server's planning time alone (EXPLAIN
+    SUMMARY). The scenarios are alternated request by request."""
     from django.db import connection  # noqa: PLC0415
 
     timed: list[tuple[str, Any, float]] = []
@@ -205,29 +263,31 @@ def statement_times(client: Client, scenario: str, requests: int) -> list[tuple[
         finally:
             timed.append((sql, params, (time.perf_counter() - started) * 1000))
 
-    runs = []
+    runs: dict[str, list[list[tuple[str, Any, float]]]] = {scenario: [] for scenario in scenarios}
     with connection.execute_wrapper(time_it):
         for _ in range(requests):
-            timed.clear()
-            client.post(scenario)
-            runs.append(list(timed))
-    statements = []
-    for n, (sql, params, _) in enumerate(runs[0]):
-        statements.append(
+            for scenario, done in runs.items():
+                timed.clear()
+                client.post(scenario)
+                done.append(list(timed))
+    return {
+        scenario: [
             (
                 " ".join(sql.split()[:3]),
-                statistics.median(run[n][2] for run in runs),
+                statistics.median(run[n][2] for run in done),
                 planning(sql, params),
             )
-        )
-    return statements
+            for n, (sql, params, _) in enumerate(done[0])
+        ]
+        for scenario, done in runs.items()
+    }
 
 
 def planning(sql: str, params: Any) -> float:
     """The server's median planning time of ``sql`` in milliseconds; EXPLAIN runs nothing."""
     from django.db import connection  # noqa: PLC0415
 
-    times = []
+    times: list[float] = []
     with connection.cursor() as cursor:
         for _ in range(50):
             cursor.execute(f"EXPLAIN (SUMMARY, FORMAT JSON) {sql}", params)
@@ -236,13 +296,12 @@ def planning(sql: str, params: Any) -> float:
     return statistics.median(times)
 
 
-def statements_section(client: Client, requests: int) -> str:
+def statements_section(client: Client, scenarios: tuple[str, ...], requests: int) -> str:
     rows = []
-    for scenario in PROFILED:
-        statements = statement_times(client, scenario, requests)
+    for scenario, statements in statement_times(client, scenarios, requests).items():
         listed = "; ".join(f"`{sql} …` {ms:.2f} ({plan:.2f})" for sql, ms, plan in statements)
         total = sum(ms for _, ms, _ in statements)
-        rows.append([f"`{scenario}`", listed, millis(total)])
+        rows.append([f"`{scenario}`", listed, f"{total:.2f} ms"])
     header = ["scenario", "statements in order: median ms each (of which planning)", "together"]
     return table(header, rows)
 
@@ -271,12 +330,13 @@ def cumulative(stats: pstats.Stats, where: tuple[str, str]) -> tuple[float, int]
     return seconds, calls
 
 
-def breakdown(profiles: dict[str, pstats.Stats], requests: int) -> str:
+def breakdown(
+    profiles: dict[str, pstats.Stats], parts: dict[str, tuple[str, str]], requests: int
+) -> str:
     rows = []
-    totals = {
-        name: cumulative(stats, PARTS[next(iter(PARTS))])[0] for name, stats in profiles.items()
-    }
-    for part, where in PARTS.items():
+    whole = next(iter(parts.values()))
+    totals = {name: cumulative(stats, whole)[0] for name, stats in profiles.items()}
+    for part, where in parts.items():
         row = [part]
         for name, stats in profiles.items():
             seconds, calls = cumulative(stats, where)
@@ -289,40 +349,55 @@ def breakdown(profiles: dict[str, pstats.Stats], requests: int) -> str:
     return table(["per request, under cProfile", *(f"`{name}`" for name in profiles)], rows)
 
 
-def main() -> None:
-    args = parse_arguments()
+def costs(client: Client, scenarios: tuple[str, ...], requests: int) -> str:
+    """Each scenario's time per request against the first's, its statements and round trips."""
+    measured = timings(client, scenarios, requests)
+    base = measured[scenarios[0]]
+    rows = []
+    for scenario, ms in measured.items():
+        statements, trips = round_trips(client, scenario)
+        rows.append(
+            [f"`{scenario}`", f"{ms:.2f} ms", f"{ms / base:.2f}", str(statements), str(trips)]
+        )
+    header = ["scenario", "per request", f"vs {scenarios[0]}", "statements", "round trips"]
+    return table(header, rows)
+
+
+def measure(args: argparse.Namespace) -> str:
+    """Every table of this script, in Markdown; the database is gone afterwards."""
     try:
         client = Client(setup())
-        for scenario in ("replay", "naive-replay"):
-            client.post(scenario)  # store the one key that every later request replays
-        for scenario in ("bare", *PROFILED):  # warm up: imports, connections, caches
+        for scenario in ("replay", "naive-replay", "cached-replay", "cached-replay"):
+            # Store the one key that every later request replays; the second cached replay
+            # fills the replay cache.
+            client.post(scenario)
+        for scenario in (*REQUESTS, *WEBHOOKS):  # warm up: imports, connections, caches
             for _ in range(50):
                 client.post(scenario)
-        measured = timings(client, args)
-        trips = {scenario: round_trips(client, scenario) for scenario in measured}
-        rows = [
-            [
-                f"`{scenario}`",
-                millis(ms),
-                f"{ms / measured['bare']:.2f}",
-                str(trips[scenario][0]),
-                str(trips[scenario][1]),
-            ]
-            for scenario, ms in measured.items()
-        ]
-        print(
-            f"In this process, no server: median of {args.rounds} rounds x {args.requests} "
-            "requests.\n\n"
-            + table(["scenario", "per request", "vs bare", "statements", "round trips"], rows)
-        )
-        print("\n" + statements_section(client, args.requests))
         profiles = {scenario: profile(client, scenario, args) for scenario in PROFILED}
-        print("\n" + breakdown(profiles, args.requests))
+        inbox = {"inbox-database": profile(client, "inbox-database", args)}
+        return "\n\n".join(
+            [
+                f"In this process, no server: the median of {args.requests} requests of each "
+                "scenario, alternated request by request.",
+                costs(client, REQUESTS, args.requests),
+                statements_section(client, PROFILED, args.requests),
+                "Webhooks, each event delivered twice:",
+                costs(client, WEBHOOKS, args.requests),
+                statements_section(client, WEBHOOKS, args.requests),
+                breakdown(profiles, PARTS, args.requests),
+                breakdown(inbox, INBOX_PARTS, args.requests),
+            ]
+        )
     finally:
         from django.db import connections  # noqa: PLC0415
 
         connections.close_all()
         drop_database(DATABASE)
+
+
+def main() -> None:
+    print(measure(parse_arguments()))
 
 
 if __name__ == "__main__":
