@@ -119,6 +119,10 @@ WEBHOOK_SCENARIOS = (
 )
 # The inbox runners that process during the measurement, each served by its own gunicorn.
 PROCESSING_RUNNERS = ("inline", "database")
+# The scenarios whose events are processed as they come; after the rounds, each also gets
+# AT_REST_EVENTS events one at a time, each once the one before is processed.
+AT_REST_SCENARIOS = ("inbox-inline", "inbox-database-worker")
+AT_REST_EVENTS = 20
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
 REQUEST_SCENARIOS = (
     "bare", "fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay"
@@ -174,6 +178,8 @@ class Results:
     sweep: dict[str, dict[int, list[Measure]]] = dataclasses.field(default_factory=dict)
     during_purge: Runs = dataclasses.field(default_factory=dict)
     purges: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    # The processing latency of events sent one at a time, by scenario.
+    at_rest: dict[str, Measure] = dataclasses.field(default_factory=dict)
 
 
 def environment(port: int, database: str) -> dict[str, str]:
@@ -492,6 +498,23 @@ def processing_latency(server: Server, scenario: str, after_event: int) -> Measu
     }
 
 
+def latency_at_rest(server: Server, scenario: str, events: int) -> Measure:
+    """Deliver ``events`` new events to ``scenario``'s runner, each once the one before is
+    processed, so that none waits for another; their processing latency's p50 and p95."""
+    first = latest_event(server)
+    url = server.base_of(scenario) + SCENARIOS[scenario]["path"]
+    for n in range(events):
+        event = {"id": f"evt_rest_{time.time_ns()}_{n}", "type": "refund.succeeded"}
+        body = json.dumps({**event, "data": {"refund": n, "sequence": 1}}).encode()
+        headers = {"Content-Type": "application/json", **signer().sign(body)}
+        request = urllib.request.Request(url, data=body, method="POST", headers=headers)  # noqa: S310
+        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310 - loopback only
+            if response.status != 200:  # pragma: no cover - urlopen raises for 4xx and 5xx
+                raise SystemExit(f"{scenario}: an event at rest answered {response.status}")
+        processing_latency(server, scenario, first + n)  # waits until it is processed
+    return processing_latency(server, scenario, first)
+
+
 def park_unprocessed(server: Server) -> None:
     """Take the Celery scenario's events, which no Celery worker processes, off the schedule.
 
@@ -577,6 +600,10 @@ def measure(args: argparse.Namespace) -> Results:
                     rounds[scenario].append(measured)
         results = Results(rounds, [burst(server, args.burst) for _ in range(args.rounds)])
         check_bursts(results.bursts)
+        results.at_rest = {
+            scenario: latency_at_rest(server, scenario, AT_REST_EVENTS)
+            for scenario in AT_REST_SCENARIOS
+        }
         if args.sweep:
             results.sweep = measure_sweep(server, args)
         if args.purge_rows:

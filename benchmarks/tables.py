@@ -7,7 +7,13 @@ from typing import TYPE_CHECKING
 
 from benchmarks.common import millis, plural, ratio, table
 from benchmarks.databases import DATABASES
-from benchmarks.run import REQUEST_SCENARIOS, SWEEP_SCENARIOS, WEBHOOK_SCENARIOS, worker_threads
+from benchmarks.run import (
+    AT_REST_EVENTS,
+    REQUEST_SCENARIOS,
+    SWEEP_SCENARIOS,
+    WEBHOOK_SCENARIOS,
+    worker_threads,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -88,18 +94,26 @@ def webhooks_section(results: Results, args: argparse.Namespace) -> str:
         "paused (SIGSTOP), so that the figure is the ingest's alone.\n\n"
         + _scenario_table(results.rounds, WEBHOOK_SCENARIOS)
         + "\n\nProcessing latency, from the event's recording to its handler's commit "
-        "(`processed_at - received_at`, every event of the round, medians of the rounds); "
-        "each round waited until every event was processed:\n\n" + latency_table(results.rounds)
+        "(`processed_at - received_at`). Under load: every event of the round, medians of the "
+        "rounds; each round waited until every event was processed, so an event also waits for "
+        f"those recorded before it. At rest: {AT_REST_EVENTS} events after the rounds, each sent "
+        "once the one before was processed:\n\n" + latency_table(results)
     )
 
 
-def latency_table(rounds: Runs) -> str:
-    names = [name for name in WEBHOOK_SCENARIOS if "latency_p50" in rounds[name][0]]
+def latency_table(results: Results) -> str:
+    names = [name for name in WEBHOOK_SCENARIOS if "latency_p50" in results.rounds[name][0]]
     rows = []
     for name in names:
-        row = median(rounds[name])
-        rows.append([LABELS[name], millis(row["latency_p50"]), millis(row["latency_p95"])])
-    return table(["scenario", "p50", "p95"], rows)
+        row = [LABELS[name]]
+        for measured in (median(results.rounds[name]), results.at_rest.get(name)):
+            if measured is None:
+                row += ["", ""]
+            else:
+                row += [millis(measured["latency_p50"]), millis(measured["latency_p95"])]
+        rows.append(row)
+    header = ["scenario", "under load, p50", "p95", "at rest, p50", "p95"]
+    return table(header, rows)
 
 
 def bursts_section(results: Results, args: argparse.Namespace) -> str:
