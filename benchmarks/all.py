@@ -21,7 +21,7 @@ part drops its database when it is done.
 Needs wrk, a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres), Redis
 on 127.0.0.1:6379 and the bench extra; for MariaDB, a MariaDB server (MARIADB_HOST, MARIADB_PORT,
 MARIADB_USER, MARIADB_PASSWORD, default 127.0.0.1:3306/root) and the mariadb extra. --quick
-runs every part at a tiny size, in well under a minute: a smoke test, whose figures mean nothing.
+runs every part at a tiny size, in a few minutes: a smoke test, whose figures mean nothing.
 Usage: python benchmarks/all.py [--quick] [--databases D ...] [--rounds N] [--duration S] ...
 """
 

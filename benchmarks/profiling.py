@@ -6,9 +6,9 @@ logging at WARNING) through Django's WSGI handler in this process, without a ser
 network, to one PostgreSQL database of its own. For run.py's requests (bare, fresh, replay,
 naive-fresh, naive-replay, cached-fresh, cached-replay) and its webhooks (bare-webhook, and
 inbox-database: the inbox's "database" runner, whose request only records the event; each
-event is delivered twice) it prints:
-  - the wall time of a request, median of --requests requests of each scenario, the scenarios
-    alternated request by request, so that a machine that slows down slows them all alike;
+event is delivered twice, new then a duplicate, and timed as one sample) it prints:
+  - the wall time of a request, median of --requests samples of each scenario, the scenarios
+    alternated sample by sample, so that a machine that slows down slows them all alike;
   - the statements Django sends and the round trips to the server (libpq's own trace: each
     simple query and each Sync of the extended protocol, BEGIN and COMMIT included), and the
     median time of each statement from Django's cursor, and the server's planning time of it
@@ -120,7 +120,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=500, help="requests per scenario")
     parser.add_argument("--stats", type=Path, help="keep each scenario's profile in this folder")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.requests < 1:
+        parser.error("--requests must be at least 1")
+    return args
 
 
 def setup() -> Any:
@@ -202,26 +205,36 @@ class Client:
             headers["HTTP_IDEMPOTENCY_KEY"] = key or f"profile-{self.counter}"
         return BODY.encode(), headers, "201"
 
+    def sample(self, scenario: str) -> float:
+        """One sample of ``scenario``: a request; for a webhook, an event delivered twice, new
+        then a duplicate, as run.py sends them. Return the seconds per request."""
+        return sum(self.post(scenario) for _ in range(per_sample(scenario))) / per_sample(scenario)
+
     def _webhook(self, scenario: str) -> tuple[bytes, dict[str, str], str]:
-        # Each event twice in a row, as run.py sends them: half the deliveries are duplicates.
         sent = self.deliveries[scenario] = self.deliveries.get(scenario, 0) + 1
-        event = {"id": f"evt_profile_{sent // 2}", "type": "refund.succeeded"}
-        body = json.dumps({**event, "data": {"refund": sent // 2, "sequence": 1}}).encode()
+        number = (sent - 1) // 2  # each event twice in a row
+        event = {"id": f"evt_profile_{number}", "type": "refund.succeeded"}
+        body = json.dumps({**event, "data": {"refund": number, "sequence": 1}}).encode()
         signature = signer().sign(body)["Stripe-Signature"]
         return body, {"HTTP_STRIPE_SIGNATURE": signature}, "200"
 
 
+def per_sample(scenario: str) -> int:
+    """Requests in one sample of ``scenario``: two for a webhook (new, then a duplicate)."""
+    return 2 if scenario in WEBHOOKS else 1
+
+
 def timings(client: Client, scenarios: tuple[str, ...], requests: int) -> dict[str, float]:
-    """Median milliseconds per request of each scenario, alternated request by request."""
+    """Median milliseconds per request of each scenario, alternated sample by sample."""
     seconds: dict[str, list[float]] = {scenario: [] for scenario in scenarios}
     for _ in range(requests):
         for scenario, taken in seconds.items():
-            taken.append(client.post(scenario))
+            taken.append(client.sample(scenario))
     return {scenario: statistics.median(taken) * 1000 for scenario, taken in seconds.items()}
 
 
-def round_trips(client: Client, scenario: str) -> tuple[int, int]:
-    """Statements Django sent and round trips to the server for one request of ``scenario``."""
+def round_trips(client: Client, scenario: str) -> tuple[float, float]:
+    """Statements Django sent and round trips to the server per request of ``scenario``."""
     from django.db import connection  # noqa: PLC0415
 
     statements: list[str] = []
@@ -235,7 +248,7 @@ def round_trips(client: Client, scenario: str) -> tuple[int, int]:
         pgconn = connection.connection.pgconn
         pgconn.trace(trace.fileno())
         try:
-            client.post(scenario)
+            client.sample(scenario)
         finally:
             pgconn.untrace()
         trace.seek(0)
@@ -243,15 +256,16 @@ def round_trips(client: Client, scenario: str) -> tuple[int, int]:
         trips = sum(
             1 for line in trace if "\tF\t" in line and ("\tQuery\t" in line or "\tSync" in line)
         )
-    return len(statements), trips
+    return len(statements) / per_sample(scenario), trips / per_sample(scenario)
 
 
 def statement_times(
     client: Client, scenarios: tuple[str, ...], requests: int
 ) -> dict[str, list[tuple[str, float, float]]]:
-    """Each statement of a request of each scenario, in order: its start, its median
+    """Each statement of a sample of each scenario, in order: its start, its median
     milliseconds from the client, and the median of the server's planning time alone (EXPLAIN
-    SUMMARY). The scenarios are alternated request by request."""
+    SUMMARY). The scenarios are alternated sample by sample; a webhook's sample is its event's
+    recording, then the duplicate's."""
     from django.db import connection  # noqa: PLC0415
 
     timed: list[tuple[str, Any, float]] = []
@@ -268,8 +282,11 @@ def statement_times(
         for _ in range(requests):
             for scenario, done in runs.items():
                 timed.clear()
-                client.post(scenario)
+                client.sample(scenario)
                 done.append(list(timed))
+    for scenario, done in runs.items():
+        if any([sql for sql, *_ in run] != [sql for sql, *_ in done[0]] for run in done):
+            raise SystemExit(f"{scenario}: its requests did not all send the same statements")
     return {
         scenario: [
             (
@@ -300,9 +317,13 @@ def statements_section(client: Client, scenarios: tuple[str, ...], requests: int
     rows = []
     for scenario, statements in statement_times(client, scenarios, requests).items():
         listed = "; ".join(f"`{sql} …` {ms:.2f} ({plan:.2f})" for sql, ms, plan in statements)
-        total = sum(ms for _, ms, _ in statements)
+        total = sum(ms for _, ms, _ in statements) / per_sample(scenario)
         rows.append([f"`{scenario}`", listed, f"{total:.2f} ms"])
-    header = ["scenario", "statements in order: median ms each (of which planning)", "together"]
+    header = [
+        "scenario",
+        "statements in order: median ms each (of which planning)",
+        "together, per request",
+    ]
     return table(header, rows)
 
 
@@ -310,7 +331,7 @@ def profile(client: Client, scenario: str, args: argparse.Namespace) -> pstats.S
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.requests):
-        client.post(scenario)
+        client.sample(scenario)
     profiler.disable()
     stats = pstats.Stats(profiler)
     if args.stats:
@@ -343,8 +364,9 @@ def breakdown(
             if not calls:
                 row.append("none")
                 continue
-            per = f" ({calls / requests:g} calls)" if calls != requests else ""
-            row.append(f"{millis(seconds * 1000 / requests)}, {seconds / totals[name]:.0%}{per}")
+            done = requests * per_sample(name)
+            per = f" ({calls / done:g} calls)" if calls != done else ""
+            row.append(f"{millis(seconds * 1000 / done)}, {seconds / totals[name]:.0%}{per}")
         rows.append(row)
     return table(["per request, under cProfile", *(f"`{name}`" for name in profiles)], rows)
 
@@ -357,9 +379,9 @@ def costs(client: Client, scenarios: tuple[str, ...], requests: int) -> str:
     for scenario, ms in measured.items():
         statements, trips = round_trips(client, scenario)
         rows.append(
-            [f"`{scenario}`", f"{ms:.2f} ms", f"{ms / base:.2f}", str(statements), str(trips)]
+            [f"`{scenario}`", f"{ms:.2f} ms", f"{ms / base:.2f}", f"{statements:g}", f"{trips:g}"]
         )
-    header = ["scenario", "per request", f"vs {scenarios[0]}", "statements", "round trips"]
+    header = ["scenario", "per request", f"time vs {scenarios[0]}", "statements", "round trips"]
     return table(header, rows)
 
 
@@ -373,7 +395,7 @@ def measure(args: argparse.Namespace) -> str:
             client.post(scenario)
         for scenario in (*REQUESTS, *WEBHOOKS):  # warm up: imports, connections, caches
             for _ in range(50):
-                client.post(scenario)
+                client.sample(scenario)
         profiles = {scenario: profile(client, scenario, args) for scenario in PROFILED}
         inbox = {"inbox-database": profile(client, "inbox-database", args)}
         return "\n\n".join(
@@ -382,7 +404,9 @@ def measure(args: argparse.Namespace) -> str:
                 "scenario, alternated request by request.",
                 costs(client, REQUESTS, args.requests),
                 statements_section(client, PROFILED, args.requests),
-                "Webhooks, each event delivered twice:",
+                f"Webhooks: the median of {args.requests} events of each scenario, each delivered "
+                "twice (new, then a duplicate), alternated event by event; per request. Their "
+                "statements: the event's recording, then the duplicate's.",
                 costs(client, WEBHOOKS, args.requests),
                 statements_section(client, WEBHOOKS, args.requests),
                 breakdown(profiles, PARTS, args.requests),

@@ -478,7 +478,8 @@ def latest_event(server: Server) -> int:
 
 
 def processing_latency(server: Server, scenario: str, after_event: int) -> Measure:
-    """Once the events recorded after ``after_event`` are processed: their latency's p50, p95."""
+    """Once the events recorded after ``after_event`` are processed: their latency's p50, p95
+    and maximum."""
     table, where = TABLES["inbox events"], f"id > {after_event:d}"
     deadline = time.monotonic() + 600
     with DATABASES[server.database].connect(DATABASE) as connection:
@@ -495,12 +496,13 @@ def processing_latency(server: Server, scenario: str, after_event: int) -> Measu
     return {
         "latency_p50": 1000 * seconds[len(seconds) // 2],
         "latency_p95": 1000 * seconds[min(len(seconds) - 1, int(len(seconds) * 0.95))],
+        "latency_max": 1000 * seconds[-1],
     }
 
 
 def latency_at_rest(server: Server, scenario: str, events: int) -> Measure:
     """Deliver ``events`` new events to ``scenario``'s runner, each once the one before is
-    processed, so that none waits for another; their processing latency's p50 and p95."""
+    processed, so that none waits for another; their processing latency's p50, p95 and maximum."""
     first = latest_event(server)
     url = server.base_of(scenario) + SCENARIOS[scenario]["path"]
     for n in range(events):
