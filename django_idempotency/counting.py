@@ -9,6 +9,11 @@ stored response or an event.
 
 A count is kept by row id and row version (a key's lease version): a key taken over meanwhile,
 by a new request after it expired, starts its count afresh.
+
+On an in-memory SQLite database (a test database) a count is written at once, in the thread that
+counted it. Threads share such a database through SQLite's shared cache, which refuses a second
+writer at once instead of making it wait: a timer thread writing there could make a test's own
+statements fail.
 """
 
 from __future__ import annotations
@@ -16,13 +21,15 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from django.db import DatabaseError, connections
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from datetime import datetime
+
+    from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteDatabaseWrapper
 
 logger = logging.getLogger("django_idempotency")
 
@@ -61,6 +68,9 @@ class DeferredCounts:
 
         Return how many of that row this process counted since its last write.
         """
+        if _shared_in_memory(using):
+            self._write(using, {(row_id, version): Count(1, at)})
+            return 1
         with self._lock:
             rows = self._pending.setdefault(using, {})
             count = rows.get((row_id, version))
@@ -95,15 +105,15 @@ class DeferredCounts:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-        written = 0
-        for using, rows in pending.items():
-            try:
-                self.write(using, rows)
-            except DatabaseError:
-                logger.warning("could not write the deferred counts of %d rows", len(rows))
-            else:
-                written += sum(count.times for count in rows.values())
-        return written
+        return sum(self._write(using, rows) for using, rows in pending.items())
+
+    def _write(self, using: str, rows: Mapping[tuple[int, int], Count]) -> int:
+        try:
+            self.write(using, rows)
+        except DatabaseError:
+            logger.warning("could not write the deferred counts of %d rows", len(rows))
+            return 0
+        return sum(count.times for count in rows.values())
 
     def _flush_in_background(self) -> None:
         with self._lock:
@@ -115,3 +125,11 @@ class DeferredCounts:
         finally:
             # This thread's connections: it may never run again.
             connections.close_all()
+
+
+def _shared_in_memory(using: str) -> bool:
+    connection = connections[using]
+    return (
+        connection.vendor == "sqlite"
+        and cast("SQLiteDatabaseWrapper", connection).is_in_memory_db()
+    )

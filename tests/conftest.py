@@ -24,6 +24,11 @@ def process_env(**extra: str) -> dict[str, str]:
     return {**os.environ, name: connection.settings_dict["NAME"], **extra}
 
 
+def in_memory_sqlite() -> bool:
+    """Whether the tests run on an in-memory SQLite database, where counts are written at once."""
+    return connection.vendor == "sqlite" and connection.is_in_memory_db()
+
+
 def redis_reachable() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 6379), timeout=1):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 from django_idempotency.counting import DeferredCounts
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse, replay_counts
+from tests.conftest import in_memory_sqlite
 from tests.factories import IdempotencyKeyFactory
 from tests.test_store import in_threads
 
@@ -42,6 +44,7 @@ def no_pending_counts():
     replay_counts.flush()
 
 
+@pytest.mark.skipif(in_memory_sqlite(), reason="counts are written at once there")
 def test_replays_reach_their_row_within_a_second_or_two_without_anyone_asking(client_alice, key):
     for _ in range(3):
         client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
@@ -52,6 +55,21 @@ def test_replays_reach_their_row_within_a_second_or_two_without_anyone_asking(cl
         time.sleep(0.1)
     assert IdempotencyKey.objects.get().last_replayed_at is not None
     assert replay_counts.pending() == 0
+
+
+@pytest.mark.skipif(not in_memory_sqlite(), reason="counts wait in memory elsewhere")
+def test_on_an_in_memory_sqlite_database_a_replay_is_counted_at_once_in_its_own_thread(
+    client_alice, key
+):
+    # Threads share an in-memory database through SQLite's shared cache, which refuses a second
+    # writer at once: a timer thread writing the counts could make other statements fail.
+    threads = set(threading.enumerate())
+    for _ in range(3):
+        client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    row = IdempotencyKey.objects.get()
+    assert (row.replay_count, row.last_replayed_at is not None) == (2, True)
+    assert replay_counts.pending() == 0
+    assert set(threading.enumerate()) == threads
 
 
 def test_the_last_replay_time_is_the_latest_one_counted():
@@ -113,8 +131,8 @@ def test_counts_that_cannot_be_written_are_dropped_and_logged(caplog):
         raise DatabaseError("down")
 
     counts = DeferredCounts(broken, delay=60)
-    counts.add("default", 1, 1, timezone.now())
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        counts.add("default", 1, 1, timezone.now())  # written at once on in-memory SQLite
         assert counts.flush() == 0
     assert "could not write the deferred counts of 1 rows" in caplog.text
     assert counts.pending() == 0
