@@ -20,6 +20,7 @@ from ninja.security import APIKeyHeader, HttpBasicAuth
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.ninja import idempotent
 from tests.conftest import ApiClient
+from tests.test_store import start, wait_for_key_insert
 from tests.testapp import provider
 from tests.testapp.models import Charge, LedgerEntry, Payment
 
@@ -590,27 +591,20 @@ class TestConcurrency:
 
     @override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.2})
     def test_a_duplicate_that_waits_too_long_gets_a_409(self, alice, key):
-        results = {}
+        # The first request holds its key far longer than the duplicate's wait, which MariaDB
+        # rounds up to whole seconds; the duplicate is sent once the first one's claim is in.
+        first = start(
+            lambda: ApiClient(alice).send(
+                "POST", "/api/payments/", {"amount": 7}, key=key, headers={"X-Hold": "3"}
+            )
+        )
+        wait_for_key_insert()
+        second = ApiClient(alice).send("POST", "/api/payments/", {"amount": 7}, key=key)
 
-        def send(name, hold):
-            try:
-                headers = {"X-Hold": hold} if hold else {}
-                results[name] = ApiClient(alice).send(
-                    "POST", "/api/payments/", {"amount": 7}, key=key, headers=headers
-                )
-            finally:
-                connection.close()
-
-        first = threading.Thread(target=send, args=("first", "1.5"))
-        first.start()
-        time.sleep(0.5)
-        send("second", None)
-        first.join(10)
-
-        assert results["first"].status_code == 201
-        assert results["second"].status_code == 409
-        assert problem(results["second"])["code"] == "idempotency.in_progress"
-        assert "Retry-After" in results["second"]
+        assert first().status_code == 201
+        assert second.status_code == 409
+        assert problem(second)["code"] == "idempotency.in_progress"
+        assert "Retry-After" in second
         assert effects() == (1, 1, 1)
 
     def test_many_concurrent_duplicates_make_one_effect(self, alice, key):
