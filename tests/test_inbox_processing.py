@@ -354,7 +354,10 @@ def test_two_periodic_runs_at_once_dispatch_each_event_once(lost_triggers):
 
     counts = in_threads(2, lambda _: dispatch_due(now=later(120), limit=150))
 
-    assert sorted(counts) == [50, 150]
+    # Each run skips the rows the other has locked; how they share the events depends on how
+    # their scans interleave (on MariaDB, row by row), but no event goes to both.
+    assert sum(counts) == 200
+    assert max(counts) <= 150
     assert dispatch_due(now=later(120)) == 0
 
 
