@@ -22,6 +22,8 @@ NAIVE_TABLE = "bench_naive_key"
 NAIVE_COLUMNS = (
     "idempotency_key varchar(255) NOT NULL UNIQUE, fingerprint char(64) NOT NULL, status smallint"
 )
+# The table of the naive inbox (naive.py): an event's id, once.
+NAIVE_EVENT_TABLE = "bench_naive_event"
 
 
 class Database(Protocol):
@@ -33,6 +35,8 @@ class Database(Protocol):
     bare_table: str
     # The table of the naive idempotent view that the library is measured against.
     naive_table: str
+    # The table of the naive inbox that the inbox is measured against.
+    naive_event_table: str
 
     def url(self, database: str) -> str: ...
     def recreate(self, database: str) -> None: ...
@@ -49,6 +53,10 @@ class PostgreSQL:
     )
     naive_table = (
         f"CREATE TABLE {NAIVE_TABLE} (id bigserial PRIMARY KEY, {NAIVE_COLUMNS}, body bytea)"
+    )
+    naive_event_table = (
+        f"CREATE TABLE {NAIVE_EVENT_TABLE} "
+        "(id bigserial PRIMARY KEY, event_id varchar(255) NOT NULL UNIQUE, payload jsonb)"
     )
 
     def url(self, database: str) -> str:
@@ -85,6 +93,11 @@ class MariaDB:
     naive_table = (
         f"CREATE TABLE {NAIVE_TABLE} "
         f"(id bigint AUTO_INCREMENT PRIMARY KEY, {NAIVE_COLUMNS}, body longblob)"
+    )
+    naive_event_table = (
+        f"CREATE TABLE {NAIVE_EVENT_TABLE} "
+        "(id bigint AUTO_INCREMENT PRIMARY KEY, event_id varchar(255) NOT NULL UNIQUE, "
+        "payload json)"
     )
 
     def _server(self) -> dict[str, Any]:

@@ -4,9 +4,10 @@
 Serves the benchmark's URLs (benchmarks/settings.py: the example app, persistent connections,
 logging at WARNING) through Django's WSGI handler in this process, without a server or a
 network, to one PostgreSQL database of its own. For run.py's requests (bare, fresh, replay,
-naive-fresh, naive-replay, cached-fresh, cached-replay) and its webhooks (bare-webhook, and
-inbox-database: the inbox's "database" runner, whose request only records the event; each
-event is delivered twice, new then a duplicate, and timed as one sample) it prints:
+naive-fresh, naive-replay, cached-fresh, cached-replay, naive-cached-replay) and its webhooks
+(bare-webhook, naive-webhook, and inbox-database: the inbox's "database" runner, whose request
+only records the event; each event is delivered twice, new then a duplicate, and timed as one
+sample) it prints:
   - the wall time of a request, median of --requests samples of each scenario, the scenarios
     alternated sample by sample, so that a machine that slows down slows them all alike;
   - the statements Django sends and the round trips to the server (libpq's own trace: each
@@ -46,8 +47,8 @@ from benchmarks.run import AUTH, BODY, SCENARIOS, signer
 
 DATABASE = "idempotency_bench_profile"
 PROFILED = ("fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay")
-REQUESTS = ("bare", *PROFILED)
-WEBHOOKS = ("bare-webhook", "inbox-database")
+REQUESTS = ("bare", *PROFILED, "naive-cached-replay")
+WEBHOOKS = ("bare-webhook", "naive-webhook", "inbox-database")
 
 # The parts of a request, each the cumulative time of one function: (file's end, function).
 PARTS = {
@@ -149,6 +150,7 @@ def setup() -> Any:
     with connection.cursor() as cursor:
         cursor.execute(DATABASES["postgresql"].naive_table)
         cursor.execute(DATABASES["postgresql"].bare_table)
+        cursor.execute(DATABASES["postgresql"].naive_event_table)
     User.objects.create_user("alice", password="password")  # noqa: S106 - a benchmark's user
     return WSGIHandler()
 
@@ -389,9 +391,13 @@ def measure(args: argparse.Namespace) -> str:
     """Every table of this script, in Markdown; the database is gone afterwards."""
     try:
         client = Client(setup())
-        for scenario in ("replay", "naive-replay", "cached-replay", "cached-replay"):
-            # Store the one key that every later request replays; the second cached replay
-            # fills the replay cache.
+        for scenario in (
+            *("replay", "naive-replay"),
+            *("cached-replay", "cached-replay"),
+            *("naive-cached-replay", "naive-cached-replay"),
+        ):
+            # Store the one key that every later request replays; a cached scenario's second
+            # request fills its cache.
             client.post(scenario)
         for scenario in (*REQUESTS, *WEBHOOKS):  # warm up: imports, connections, caches
             for _ in range(50):

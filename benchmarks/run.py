@@ -9,7 +9,10 @@ ratio comes from one run:
   naive-fresh, naive-replay  the same against a deliberately naive idempotent view (naive.py):
           the floor, two statements and nothing else
   cached-fresh, cached-replay  the same idempotent view with the replay cache on Redis
+  naive-cached-replay  the naive view behind the same Redis, same key each time: one GET
   bare-webhook  signed webhooks to a view that only inserts the body into a table
+  naive-webhook  the same webhooks to a naive inbox (naive.py): check the signature, insert
+                the event on a unique index of its id
   inbox         the same webhooks to the inbox's receiver, which verifies, records once and
                 enqueues to Celery (Redis); every event is delivered twice: 50% duplicates
   inbox-inline  the same with INBOX_RUNNER "inline": the handler runs in the request, after
@@ -65,7 +68,7 @@ if __package__ in {None, ""}:  # run as a script: make the benchmarks package im
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import ROOT
-from benchmarks.databases import DATABASES, NAIVE_TABLE, scalar
+from benchmarks.databases import DATABASES, NAIVE_EVENT_TABLE, NAIVE_TABLE, scalar
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -104,7 +107,9 @@ SCENARIOS = {
     "naive-replay": {"path": "/bench/naive/payments/", "key": "the-one-key"},
     "cached-fresh": {"path": "/bench/cached/payments/", "key": ""},
     "cached-replay": {"path": "/bench/cached/payments/", "key": "the-one-key"},
+    "naive-cached-replay": {"path": "/bench/naive/cached/payments/", "key": "the-one-key"},
     "bare-webhook": {"path": "/bench/bare/webhooks/"},
+    "naive-webhook": {"path": "/bench/naive/webhooks/"},
     "inbox": {"path": "/webhooks/provider/"},
     "inbox-inline": {"path": "/webhooks/provider/", "runner": "inline"},
     "inbox-database": {"path": "/webhooks/provider/", "runner": "database", "pause": "worker"},
@@ -112,6 +117,7 @@ SCENARIOS = {
 }
 WEBHOOK_SCENARIOS = (
     "bare-webhook",
+    "naive-webhook",
     "inbox",
     "inbox-inline",
     "inbox-database",
@@ -125,7 +131,8 @@ AT_REST_SCENARIOS = ("inbox-inline", "inbox-database-worker")
 AT_REST_EVENTS = 20
 SWEEP_SCENARIOS = ("bare", "fresh", "replay")
 REQUEST_SCENARIOS = (
-    "bare", "fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay"
+    "bare", "fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay",
+    "naive-cached-replay",
 )  # fmt: skip
 
 # Webhooks need a signature per event, which wrk cannot compute: each round's script carries
@@ -206,6 +213,7 @@ def prepare_database(env: dict[str, str], database: str) -> None:
     with server.connect(DATABASE) as connection, connection.cursor() as cursor:
         cursor.execute(server.bare_table)
         cursor.execute(server.naive_table)
+        cursor.execute(server.naive_event_table)
     import redis  # noqa: PLC0415
 
     redis.Redis(db=REDIS_DB).flushdb()
@@ -369,6 +377,7 @@ TABLES = {
     "keys": "django_idempotency_idempotencykey",
     "naive keys": NAIVE_TABLE,
     "events": "bench_bare_event",
+    "naive events": NAIVE_EVENT_TABLE,
     "inbox events": "django_idempotency_inboxevent",
 }
 COUNTS: dict[str, dict[str, float]] = {
@@ -379,7 +388,9 @@ COUNTS: dict[str, dict[str, float]] = {
     "naive-replay": {"payments": 0.0, "naive keys": 0.0},
     "cached-fresh": {"payments": 1.0, "keys": 1.0},
     "cached-replay": {"payments": 0.0, "keys": 0.0},
+    "naive-cached-replay": {"payments": 0.0, "naive keys": 0.0},
     "bare-webhook": {"events": 1.0},
+    "naive-webhook": {"naive events": 0.5},
     "inbox": {"inbox events": 0.5},
     "inbox-inline": {"inbox events": 0.5},
     "inbox-database": {"inbox events": 0.5},
@@ -408,7 +419,7 @@ def settled_rows(server: Server, scenario: str) -> dict[str, int]:
 
 def seed_replays(server: Server) -> None:
     """Store the one key of each replay scenario, so that every request they send is a replay."""
-    for scenario in ("replay", "naive-replay", "cached-replay"):
+    for scenario in ("replay", "naive-replay", "cached-replay", "naive-cached-replay"):
         spec = SCENARIOS[scenario]
         request = urllib.request.Request(  # noqa: S310 - loopback only
             server.base + spec["path"],

@@ -30,7 +30,9 @@ LABELS = {
     "naive-replay": "`naive-replay`: the naive floor, same key each time",
     "cached-fresh": "`cached-fresh`: with the replay cache (Redis), new key each time",
     "cached-replay": "`cached-replay`: with the replay cache (Redis), same key each time",
+    "naive-cached-replay": "`naive-cached-replay`: the naive floor behind the same Redis",
     "bare-webhook": "`bare-webhook`: parse the body, insert it into a table",
+    "naive-webhook": "`naive-webhook`: the naive floor: verify, insert once by the event's id",
     "inbox": "`inbox`: verify (Stripe scheme), record once, hand to Celery",
     "inbox-inline": "`inbox-inline`: the same, then run the handler in the request",
     "inbox-database": "`inbox-database`: the same, record only (the worker paused)",
@@ -88,7 +90,8 @@ def requests_section(results: Results, args: argparse.Namespace) -> str:
 def webhooks_section(results: Results, args: argparse.Namespace) -> str:
     return (
         "Signed `refund.succeeded` events, each delivered twice (50% duplicates), in the same "
-        "rounds; every round checked that the inbox recorded one event per two requests. Each "
+        "rounds; every round checked that the inbox (and the naive floor) recorded one event per "
+        "two requests. Each "
         "runner has its own gunicorn. The `database` runner's one worker "
         "(`idempotency_inbox --forever`) runs on the same cores; during `inbox-database` it is "
         "paused (SIGSTOP), so that the figure is the ingest's alone.\n\n"

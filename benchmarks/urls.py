@@ -1,4 +1,4 @@
-"""The example's URLs, plus the payment view without IdempotentMixin and made idempotent naively."""
+"""The example's URLs, plus the payment view without IdempotentMixin, and the naive floors."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics
 
-from benchmarks.naive import NaivePaymentList
+from benchmarks.naive import NaiveCachedPaymentList, NaivePaymentList, naive_webhook
 from example_project.urls import urlpatterns as example_urlpatterns
 from payments import provider
 from payments.views import PaymentList
@@ -59,5 +59,7 @@ urlpatterns = [
     path("bench/bare/payments/", BarePaymentList.as_view()),
     path("bench/bare/webhooks/", bare_webhook),
     path("bench/naive/payments/", NaivePaymentList.as_view()),
+    path("bench/naive/cached/payments/", NaiveCachedPaymentList.as_view()),
+    path("bench/naive/webhooks/", naive_webhook),
     path("bench/cached/payments/", CachedPaymentList.as_view()),
 ]
