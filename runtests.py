@@ -2,19 +2,21 @@
 """Run the test suite once per database, then the example project's tests.
 
 The database passes run in order (see DATABASE_PASSES): SQLite, then PostgreSQL when one answers
-on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), then MariaDB when one answers on
-MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its driver, mysqlclient, is
-installed (the "mariadb" extra). With CI=true a database server that does not answer, or a
-missing driver, is a failure, not a skip. Coverage of the database passes is combined and
-checked once every one of them has run.
+on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), once with psycopg 3 and once more with
+psycopg2 (which Django falls back to where psycopg 3 is not installed; the black-box tests, which
+serve the library with psycopg 3, are left out of that pass), then MariaDB when one
+answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its driver,
+mysqlclient, is installed (the "mariadb" extra). With CI=true a database server that does not
+answer, or a missing driver, is a failure, not a skip. Coverage of the database passes is
+combined and checked once every one of them has run.
 
 Arguments other than the options below are passed to pytest; given any, the example project's
 tests and the coverage floor are left out.
 
   --installed        test the django-idempotency that is installed (the built wheel, as tox
                      installs it), not this checkout's source, which is then kept off sys.path.
-  --databases NAMES  run only these database passes, by TEST_DATABASE name: "sqlite" or
-                     "sqlite,postgresql" (default: all of them).
+  --databases NAMES  run only these database passes, by name: "sqlite", "postgresql",
+                     "psycopg2" or "mariadb", such as "sqlite,postgresql" (default: all of them).
 
 Deprecation warnings that django_idempotency's own modules cause are errors in every pass, also
 those raised while Django starts, before pytest's own filters apply.
@@ -70,15 +72,27 @@ class DatabasePass:
     """One run of the whole suite on one database (TEST_DATABASE in tests/settings.py)."""
 
     name: str
-    database: str
+    database: str  # its name for --databases, and its TEST_DATABASE unless `environ` sets one
     reachable: Callable[[], bool] = lambda: True
-    driver: str = ""  # a module the pass needs, that the test extra does not install
+    driver: str = ""  # a module the pass needs, and the extra that installs it
+    extra: str = "test"
+    environ: tuple[tuple[str, str], ...] = ()  # more of the pass's environment
 
 
+POSTGRESQL = answers("PGHOST", "PGPORT", 5432)
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
-    DatabasePass("PostgreSQL", "postgresql", answers("PGHOST", "PGPORT", 5432)),
-    DatabasePass("MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb"),
+    DatabasePass("PostgreSQL", "postgresql", POSTGRESQL),
+    DatabasePass(
+        "PostgreSQL with psycopg2",
+        "psycopg2",
+        POSTGRESQL,
+        "psycopg2",
+        environ=(("TEST_DATABASE", "postgresql"), ("TEST_PG_DRIVER", "psycopg2")),
+    ),
+    DatabasePass(
+        "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"
+    ),
 ]
 
 # Each pytest pass writes a JUnit report here; the totals of them all are printed last.
@@ -200,7 +214,9 @@ def main(argv: list[str]) -> None:
             print(f"\n{database.name} is not reachable: its tests were skipped.", flush=True)
             continue
         if database.driver and importlib.util.find_spec(database.driver) is None:
-            missing = f"{database.name}'s driver is not installed (pip install -e '.[mariadb]')"
+            missing = (
+                f"{database.name}'s driver is not installed (pip install -e '.[{database.extra}]')"
+            )
             if ci:
                 sys.exit(f"{missing}, and CI=true requires it.")
             print(f"\n{missing}: its tests were skipped.", flush=True)
@@ -208,7 +224,8 @@ def main(argv: list[str]) -> None:
         append = ["--cov-append"] if ran else []
         command = [*pytest, *append]
         title = f"tests on {database.name}"
-        run(title, command, ROOT, {**env, "TEST_DATABASE": database.database}, database.database)
+        environ = {**env, "TEST_DATABASE": database.database, **dict(database.environ)}
+        run(title, command, ROOT, environ, database.database)
         ran += 1
     if ran == len(DATABASE_PASSES):
         floor = [f"--fail-under={COVERAGE_FLOOR}"] if not args else []

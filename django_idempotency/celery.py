@@ -32,9 +32,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import rfc8785
+from django import db
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import DatabaseError, router, transaction
+from django.db import router, transaction
 from django.utils import timezone
 
 from django_idempotency import _optional, correlation, signals
@@ -423,5 +424,5 @@ def _release(store: KeyStore, claim: Claim) -> None:
     """Mark a lease-mode key failed so the next delivery runs; never mask the body's error."""
     try:
         store.fail(claim)
-    except DatabaseError:
+    except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
         logger.warning("could not release an idempotency key; its lease will run out")

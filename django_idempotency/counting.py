@@ -23,7 +23,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from django.db import DatabaseError, connections
+from django import db
+from django.db import connections
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -110,7 +111,7 @@ class DeferredCounts:
     def _write(self, using: str, rows: Mapping[tuple[int, int], Count]) -> int:
         try:
             self.write(using, rows)
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             logger.warning("could not write the deferred counts of %d rows", len(rows))
             return 0
         return sum(count.times for count in rows.values())

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, connections
+from django import db
+from django.db import connections
 from django.utils import timezone
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class LeaseKeeper:
         store = type(lease.store)(lease.store.using)  # this thread's own connection
         try:
             renewed = store.renew(lease.claim, timezone.now() + lease.timeout)
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             logger.warning("could not renew the lease on idempotency key %s", lease.key)
             return
         if not renewed:

@@ -36,7 +36,8 @@ import collections
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, router
+from django import db
+from django.db import router
 from django.db.models import Q
 from django.utils import timezone
 
@@ -148,7 +149,7 @@ class BacklogCollector(Collector):
             for name, help_text, model, condition in self._gauges():
                 count = model._default_manager.using(router.db_for_read(model)).filter(condition)
                 families.append(GaugeMetricFamily(name, help_text, value=count.count()))
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             logger.warning("idempotency metrics: the backlog counts could not be read")
             return []
         return families

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -44,6 +45,10 @@ STATIC_URL = "/static/"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 if os.environ.get("TEST_DATABASE") == "postgresql":
+    if os.environ.get("TEST_PG_DRIVER") == "psycopg2":
+        # As where psycopg 3 is not installed: Django then falls back to psycopg2. Set before
+        # Django loads its PostgreSQL backend, here and in the processes the tests start.
+        sys.modules["psycopg"] = None  # type: ignore[assignment]
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",

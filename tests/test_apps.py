@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
 from django.apps import apps
+from django.db import connection
 
 from tests.libraries import without
 
@@ -34,3 +36,9 @@ def test_the_app_starts_without_any_optional_library():
             name.removeprefix("django_idempotency.") for name in sys.modules
         }
         assert loaded == set()
+
+
+@pytest.mark.postgresql
+def test_the_postgresql_pass_runs_on_the_driver_it_names():
+    # runtests.py runs the PostgreSQL tests once with psycopg 3, once with psycopg2.
+    assert connection.Database.__name__ == os.environ.get("TEST_PG_DRIVER", "psycopg")

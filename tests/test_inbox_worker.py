@@ -90,7 +90,7 @@ def test_receiving_records_the_event_in_one_statement_and_leaves_it_due_at_once(
 @pytest.mark.postgresql
 @database_runner
 def test_a_new_event_wakes_the_workers_at_the_commit_and_a_duplicate_wakes_nobody():
-    import psycopg  # noqa: PLC0415 - PostgreSQL only
+    psycopg = pytest.importorskip("psycopg", reason="listens with psycopg 3's own connection")
 
     settings = connection.settings_dict
     with psycopg.connect(

@@ -19,7 +19,8 @@ from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import rfc8785
-from django.db import DatabaseError, connections, models, router, transaction
+from django import db
+from django.db import connections, models, router, transaction
 from django.utils import timezone
 
 from django_idempotency import signals
@@ -113,7 +114,7 @@ def receive(
             return
         try:
             receipt.outcome = dispatch(event.pk)
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             # The event is recorded: the periodic run will process it.
             logger.exception("could not process inbox event %s", event.event_id)
             receipt.outcome = Outcome.FAILED

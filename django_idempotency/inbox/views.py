@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from django import db
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
-from django.db import DatabaseError, DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.utils.decorators import method_decorator
 from django.views import View
@@ -142,7 +143,7 @@ class WebhookReceiverView(View):
             return problems.problem_response(
                 problems.PAYLOAD_INVALID, "The payload cannot be stored."
             )
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             logger.exception("could not record a %s webhook", self.source)
             return problems.problem_response(
                 problems.UNAVAILABLE, "The event was not recorded; deliver it again."

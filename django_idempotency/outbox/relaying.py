@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django.db import DatabaseError, connections, router, transaction
+from django import db
+from django.db import connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
@@ -115,7 +116,7 @@ def trigger() -> None:
             # Bounded: the code that published waits for this; a backlog is the periodic
             # relay's work.
             relay(batch_size=INLINE_BATCH_SIZE, max_seconds=INLINE_MAX_SECONDS)
-        except DatabaseError:
+        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             # What was published is committed: the periodic relay will send it.
             logger.exception("could not relay the outbox after a commit")
         return
