@@ -74,8 +74,8 @@ class DatabasePass:
     name: str
     database: str  # its name for --databases, and its TEST_DATABASE unless `environ` sets one
     reachable: Callable[[], bool] = lambda: True
-    driver: str = ""  # a module the pass needs, and the extra that installs it
-    extra: str = "test"
+    driver: str = ""  # a module the pass needs
+    extra: str = "test"  # the extra that installs it
     environ: tuple[tuple[str, str], ...] = ()  # more of the pass's environment
 
 
