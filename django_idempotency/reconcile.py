@@ -241,6 +241,13 @@ def _take_over(keys: Any, row: Any, now: datetime, until: datetime) -> bool:
     the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with a retry
     taking a neighbouring key over.
     """
+    if connections[keys.db].vendor == "sqlite":
+        # One conditional UPDATE: SQLite locks the whole database, and refuses at once ("database
+        # is locked") to turn a transaction that has read into a writer while another writes.
+        changed = keys.filter(
+            pk=row.pk, lease_version=row.lease_version, state=IN_PROGRESS, locked_until__lte=now
+        ).update(lease_version=row.lease_version + 1, locked_until=until)
+        return bool(changed)
     with transaction.atomic(using=keys.db):
         found = (
             keys.select_for_update()
