@@ -41,7 +41,7 @@ from django.utils import timezone
 from django_idempotency import _optional, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
 from django_idempotency.engine import ROUTE_LENGTH, _fit_scope
-from django_idempotency.keys import MAX_LENGTH
+from django_idempotency.keys import MAX_LENGTH, ScopedKey
 from django_idempotency.leases import leases
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.outcomes import Outcome
@@ -239,9 +239,9 @@ class TaskRun:
         self.kwargs = kwargs
         self.name: str = task.name
         if explicit is not None:
-            self.key = _as_key(explicit)
+            key = _as_key(explicit)
         elif options.key is not None:
-            self.key = _as_key(options.key(*args, **kwargs))
+            key = _as_key(options.key(*args, **kwargs))
         else:
             msg = (
                 f"The task {self.name} has no key function: send it with "
@@ -252,6 +252,8 @@ class TaskRun:
         if options.tenant is not None:
             scope = f"{scope}|tenant:{options.tenant(*args, **kwargs)}"
         self.scope = _fit_scope(scope)
+        # What the body and the recover hook get: the key, with its downstream_key.
+        self.key = ScopedKey(key, self.scope)
         self.fingerprint = arguments_fingerprint(args, kwargs)
         self.mode: Mode = options.mode
         self.ttl: timedelta = options.setting("TTL")

@@ -101,8 +101,9 @@ class IdempotentMixin(_Base):
     ) -> HttpResponseBase | None:
         """Lease mode: an earlier request with ``key`` did not finish; did its effect happen?
 
-        Ask the downstream (the payment provider, by the idempotency key you gave it) and
-        return the response to store if the effect happened, or ``None`` to run the view again.
+        Ask the downstream (the payment provider, by ``key.downstream_key``, which the view gave
+        it) and return the response to store if the effect happened, or ``None`` to run the
+        view again.
         """
         return None
 

@@ -26,7 +26,7 @@ from django_idempotency import problems
 from django_idempotency.cache import ReplayCache
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
-from django_idempotency.keys import InvalidKey, parse_key
+from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
 from django_idempotency.leases import LeaseKeeper
 from django_idempotency.leases import leases as default_leases
 from django_idempotency.models import IdempotencyKey
@@ -83,7 +83,7 @@ class KeyedRequest:
     view: Callable[[], HttpResponseBase]
     policy: Policy
     view_request: Any
-    key: str
+    key: ScopedKey
     scope: str
     route: str
     fingerprint: str
@@ -148,7 +148,7 @@ class KeyedRequest:
             )
 
 
-def _key_of(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
+def _read_key(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
     """The request's key; or the answer to a missing or malformed one; or None if optional."""
     raw_key = request.headers.get(policy.header)
     if raw_key is None:
@@ -275,7 +275,7 @@ class Engine:
     ) -> KeyedRequest | Decision | None:
         """Read the request's key, scope and fingerprint, or the answer that refuses it."""
         route = route_of(request)
-        key = _key_of(request, policy, route)
+        key = _read_key(request, policy, route)
         if not isinstance(key, str):
             return key
         try:
@@ -296,7 +296,9 @@ class Engine:
             problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
             response = problems.problem_response(problem, str(exc))
             return Decision(Outcome.INVALID, response, key, route=route)
-        return KeyedRequest(request, view, policy, view_request, key, scope, route, fingerprint)
+        scoped = ScopedKey(key, scope)
+        setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
+        return KeyedRequest(request, view, policy, view_request, scoped, scope, route, fingerprint)
 
     def _run(self, keyed: KeyedRequest) -> Decision:
         if keyed.cache is not None:

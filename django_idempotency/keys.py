@@ -1,8 +1,14 @@
-"""Parsing of the ``Idempotency-Key`` request header."""
+"""The ``Idempotency-Key`` request header, and the key the library hands to the code it runs."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest
 
 MAX_LENGTH = 255
 
@@ -53,3 +59,49 @@ _LIST = (
     "it holds more than one key (a comma outside quotes separates keys, as when the header is "
     "sent twice); send one key, and quote it if it contains a comma"
 )
+
+
+class ScopedKey(str):
+    """A key as the library claimed it: its canonical form (a ``str``), within its scope.
+
+    ``Idempotency-Key: K`` and ``Idempotency-Key: "K"`` are one key; this is ``K``. Give a
+    downstream service (a payment provider) ``downstream_key``, never the raw header: it is the
+    same for every spelling of the key, and differs between two scopes' equal keys.
+    """
+
+    scope: str
+
+    def __new__(cls, key: str, scope: str) -> ScopedKey:
+        scoped = super().__new__(cls, key)
+        scoped.scope = scope
+        return scoped
+
+    def __reduce__(self) -> tuple[type[ScopedKey], tuple[str, str]]:
+        return ScopedKey, (str(self), self.scope)
+
+    @property
+    def downstream_key(self) -> str:
+        return downstream_key(self.scope, self)
+
+
+def downstream_key(scope: str, key: str) -> str:
+    """The key to give a downstream service for ``key`` in ``scope``: 64 hex digits.
+
+    SHA-256 of the JSON array ``[scope, key]``: stable across processes, releases and secret
+    rotations (a provider remembers it for a day or more), and it shows the provider neither
+    the scope (a user's id, a route) nor the key.
+    """
+    return hashlib.sha256(json.dumps([scope, str(key)]).encode()).hexdigest()
+
+
+def key_of(request: HttpRequest | Any) -> ScopedKey | None:
+    """The key the library handles ``request`` under, or ``None`` if it handles no key.
+
+    ``None`` for a safe method, a request without a key where the key is optional, or with the
+    ``ENABLED`` setting off. ``request`` is Django's request or Django REST framework's.
+    """
+    return getattr(request, REQUEST_ATTRIBUTE, None)
+
+
+# Where the engine leaves the key on Django's request; DRF's Request reads through to it.
+REQUEST_ATTRIBUTE = "_idempotency_key"

@@ -32,6 +32,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings, resolve_callable
+from django_idempotency.keys import downstream_key
 from django_idempotency.responses import capture
 from django_idempotency.statements import key_model
 from django_idempotency.store import Claim, KeyStore
@@ -65,6 +66,11 @@ class ExpiredKey:
     fingerprint: str
     attempts: int  # requests that started running the key
     created_at: datetime
+
+    @property
+    def downstream_key(self) -> str:
+        """The key the request's view gave a downstream service: ask it by this one."""
+        return downstream_key(self.scope, self.key)
 
 
 @dataclass(frozen=True)

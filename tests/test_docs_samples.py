@@ -655,7 +655,9 @@ def signed_delivery(module: types.ModuleType, client: Client) -> None:
 @exercise("docs/operations.md", "def ask_the_provider(expired: ExpiredKey)")
 def reconcile_hook(module: types.ModuleType, client: Client) -> None:
     """The hook answers each of its three results, as the provider's charge says."""
-    charge = docs_project.provider.charge(700, idempotency_key="key-charged")
+    # The view charged with the key's downstream key, as the docs tell it to.
+    charged = ExpiredKey("anonymous", "key-charged", "payments/", "POST", "", 1, timezone.now())
+    charge = docs_project.provider.charge(700, idempotency_key=charged.downstream_key)
 
     def ask(key: str) -> Any:
         expired = ExpiredKey("anonymous", key, "payments/", "POST", "", 1, timezone.now())

@@ -28,6 +28,7 @@ from django_idempotency.celery import (
     idempotent_task,
 )
 from django_idempotency.correlation import get_correlation_id
+from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import KeyStore
 from tests.conftest import CI, process_env
@@ -185,6 +186,22 @@ def test_a_tenant_scopes_the_key():
     tenant_record("acme", "1")
     assert RUNS == ["acme:1", "globex:1"]
     assert key_row(scope="task:tests.tenant_record|tenant:acme").key == "1"
+
+
+@idempotent_task(name="tests.charge_downstream", tenant=lambda tenant: tenant)
+def charge_downstream(tenant, idempotency_key):
+    return {"key": idempotency_key, "downstream": idempotency_key.downstream_key}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_body_gets_its_key_with_a_downstream_key_of_the_keys_scope():
+    acme = charge_downstream("acme", idempotency_key="k1")
+    globex = charge_downstream("globex", idempotency_key="k1")
+    replayed = charge_downstream("acme", idempotency_key="k1")
+
+    scope = key_row(scope="task:tests.charge_downstream|tenant:acme").scope
+    assert acme == replayed == {"key": "k1", "downstream": downstream_key(scope, "k1")}
+    assert globex["downstream"] != acme["downstream"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -1,10 +1,25 @@
 from __future__ import annotations
 
+import json
+import pickle
+import re
+
 import pytest
+from django.http import JsonResponse
+from django.urls import path
+from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 from hypothesis import given
 from hypothesis import strategies as st
+from rest_framework.response import Response
+from rest_framework.views import APIView
 
-from django_idempotency.keys import InvalidKey, parse_key
+from django_idempotency.decorators import idempotent
+from django_idempotency.drf import IdempotentMixin
+from django_idempotency.keys import InvalidKey, ScopedKey, downstream_key, key_of, parse_key
+from django_idempotency.models import IdempotencyKey
+from django_idempotency.reconcile import ExpiredKey
+from tests.conftest import ApiClient
 
 visible = st.text(st.characters(min_codepoint=0x21, max_codepoint=0x7E), min_size=1, max_size=255)
 
@@ -66,3 +81,122 @@ def test_a_list_of_keys_is_refused(value):
 def test_a_quoted_key_may_hold_a_comma():
     assert parse_key('"a,b"') == "a,b"
     assert parse_key('","') == ","
+
+
+# -- the key handed to the code the library runs --------------------------------------------------
+
+
+def test_a_scoped_key_is_the_key_itself_and_keeps_its_scope_through_pickling():
+    scoped = ScopedKey("K", "auth.user:1 POST charges/")
+    again = pickle.loads(pickle.dumps(scoped))  # noqa: S301 - our own object
+    assert (scoped, json.dumps(scoped)) == ("K", '"K"')
+    assert (again, again.scope, again.downstream_key) == ("K", scoped.scope, scoped.downstream_key)
+
+
+def test_the_downstream_key_is_the_same_for_one_scoped_key_and_differs_across_scopes():
+    alice, bob = "auth.user:1 POST charges/", "auth.user:2 POST charges/"
+    assert ScopedKey("K", alice).downstream_key == downstream_key(alice, "K")
+    assert downstream_key(alice, "K") != downstream_key(bob, "K")
+    # No scope and key can be cut in two ways into one downstream key.
+    assert downstream_key("a b", "c") != downstream_key("a", "b c")
+    assert re.fullmatch("[0-9a-f]{64}", downstream_key(alice, "K"))
+
+
+def test_the_sweepers_hook_is_told_the_downstream_key_the_view_had():
+    scope = "auth.user:1 POST charges/"
+    expired = ExpiredKey(scope, "K", "charges/", "POST", "f" * 64, 1, timezone.now())
+    assert expired.downstream_key == ScopedKey("K", scope).downstream_key
+
+
+@csrf_exempt
+@idempotent(required=False)
+def echo_key(request):
+    key = key_of(request)
+    if key is None:
+        return JsonResponse({"key": None}, status=201)
+    return JsonResponse({"key": key, "downstream": key.downstream_key}, status=201)
+
+
+@csrf_exempt
+@idempotent
+async def async_echo_key(request):
+    key = key_of(request)
+    return JsonResponse({"key": key, "downstream": key.downstream_key}, status=201)
+
+
+class EchoKeyView(IdempotentMixin, APIView):
+    def post(self, request):
+        key = key_of(request)
+        return Response({"key": key, "downstream": key.downstream_key}, status=201)
+
+
+def recover_charge(request, *, key, attempt):
+    return JsonResponse({"recovered": key, "downstream": key.downstream_key}, status=201)
+
+
+@csrf_exempt
+@idempotent(mode="lease", recover=recover_charge)
+def charge(request):
+    if request.headers.get("X-Fail"):
+        msg = "the provider timed out"
+        raise RuntimeError(msg)
+    return JsonResponse({"charged": key_of(request).downstream_key}, status=201)
+
+
+urlpatterns = [
+    path("charge/", charge),
+    path("plain/", echo_key),
+    path("async/", async_echo_key),
+    path("drf/", EchoKeyView.as_view()),
+]
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("route", ["/plain/", "/async/", "/drf/"])
+def test_every_spelling_of_a_key_reaches_the_view_as_one_key_with_one_downstream_key(
+    alice, bob, route
+):
+    def send(user, key):
+        client = ApiClient(user)
+        client.force_login(user)  # Django's own authentication, for the plain views
+        answer = client.send("POST", route, {"amount": 1}, key=key)
+        assert answer.status_code == 201, answer.content
+        return answer
+
+    quoted = send(alice, '"a\\"b\\\\c"')
+    bare = send(alice, 'a"b\\c')  # the same key: replayed
+    other_user = send(bob, 'a"b\\c')
+
+    seen, seen_by_bob = json.loads(quoted.content), json.loads(other_user.content)
+    assert (bare["Idempotency-Status"], bare.content) == ("replayed", quoted.content)
+    assert seen["key"] == seen_by_bob["key"] == 'a"b\\c'
+    assert seen_by_bob["downstream"] != seen["downstream"]
+    row = IdempotencyKey.objects.get(key='a"b\\c', scope__startswith=f"auth.user:{alice.pk} ")
+    assert seen["downstream"] == downstream_key(row.scope, row.key)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+def test_a_request_without_a_key_has_none(alice):
+    answer = ApiClient(alice).send("POST", "/plain/", {"amount": 1})
+    assert json.loads(answer.content) == {"key": None}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls(__name__)
+def test_the_recovery_hook_gets_the_key_the_view_had_whatever_the_retrys_spelling(alice):
+    client = ApiClient(alice, raise_request_exception=False)
+    client.force_login(alice)
+    failed = client.send("POST", "/charge/", {"amount": 1}, key="k", headers={"X-Fail": "1"})
+    retry = client.send("POST", "/charge/", {"amount": 1}, key='"k"')
+    fresh = client.send("POST", "/charge/", {"amount": 1}, key="other")
+
+    assert (failed.status_code, retry.status_code) == (500, 201)
+    row = IdempotencyKey.objects.get(key="k")
+    assert json.loads(retry.content) == {
+        "recovered": "k",
+        "downstream": downstream_key(row.scope, "k"),
+    }
+    other = IdempotencyKey.objects.get(key="other")
+    assert json.loads(fresh.content) == {"charged": downstream_key(other.scope, "other")}

@@ -7,6 +7,7 @@ ledger entry commit together with the stored response, or not at all.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.contrib.auth import get_user_model
@@ -17,6 +18,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
+from django_idempotency.keys import key_of
 from django_idempotency.outbox import publish
 from django_idempotency.reconcile import ExpiredKey, NothingHappened, Reconciled
 from payments import provider
@@ -26,6 +28,8 @@ from payments.serializers import PaymentSerializer, PaymentUpdateSerializer, Ref
 if TYPE_CHECKING:
     from django.db.models import QuerySet
     from rest_framework.request import Request
+
+    from django_idempotency.keys import ScopedKey
 
 
 def record_capture(serializer: PaymentSerializer, owner: Any, reference: str) -> Payment:
@@ -141,11 +145,6 @@ class WorkerDied(BaseException):
     """
 
 
-def provider_key(owner_pk: Any, key: str) -> str:
-    """The key we give the provider for a charge: derived from ours, per principal."""
-    return f"example:{owner_pk}:{key}"
-
-
 def owner_of(scope: str) -> Any:
     """The user a key belongs to: the default scope starts with ``<model label>:<pk>``."""
     principal = scope.split(" ", 1)[0]
@@ -160,7 +159,8 @@ def reconcile_charge(expired: ExpiredKey) -> Reconciled | NothingHappened:
     answered. The sweeper serves no request, so the payment's links are relative.
     """
     owner = owner_of(expired.scope)
-    charge = provider.charge_made_with(provider_key(owner.pk, expired.key))
+    # The key the view gave the provider, whichever spelling of the client's key it was sent in.
+    charge = provider.charge_made_with(expired.downstream_key)
     if charge is None:
         return NothingHappened()  # the provider never charged: the retry charges
     payment = Payment.objects.filter(provider_reference=charge.reference).first()
@@ -194,7 +194,13 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
     idempotency_reconcile = "payments.views.reconcile_charge"
 
     def provider_key(self) -> str:
-        return provider_key(self.request.user.pk, self.request.headers["Idempotency-Key"])
+        """The key the provider gets: the same for every spelling of the client's key, and
+        never the same for two users' equal keys. Never build it from the raw header."""
+        key = key_of(self.request)
+        if key is None:
+            # Only with the library switched off (ENABLED): then nothing protects a retry.
+            return f"unprotected-{uuid.uuid4()}"
+        return key.downstream_key
 
     def perform_create(self, serializer: PaymentSerializer) -> None:
         data = serializer.validated_data
@@ -214,9 +220,9 @@ class ChargeCard(IdempotentMixin, generics.CreateAPIView):
         record_capture(serializer, self.request.user, reference)
 
     def recover_idempotent_request(
-        self, request: Request, *, key: str, attempt: int
+        self, request: Request, *, key: ScopedKey, attempt: int
     ) -> Response | None:
-        reference = provider.find_charge(self.provider_key())
+        reference = provider.find_charge(key.downstream_key)
         if reference is None:
             return None  # the provider never charged: run the view again
         serializer = self.get_serializer(data=request.data)

@@ -328,6 +328,12 @@ class Server(Process):
     def thaw(self, pid: int) -> None:
         os.kill(pid, signal.SIGCONT)
 
+    def kill(self, pid: int) -> None:
+        """Kill a worker as the OOM killer or an operator's ``kill -9`` does; gunicorn
+        starts another in its place."""
+        assert pid in self.workers(), f"{pid} is not one of this server's workers"
+        os.kill(pid, signal.SIGKILL)
+
     def send(
         self,
         method: str,
