@@ -42,8 +42,9 @@ DEFAULTS: dict[str, Any] = {
     # Statuses that invite a retry: never stored, so that the retry executes again.
     "RETRYABLE_STATUS_CODES": (408, 409, 425, 429),
     # Statuses that reject the request as invalid: not stored either, so that the corrected
-    # retry with the same key runs (a business 4xx such as 402, 403 or 404 is stored).
-    "INVALID_REQUEST_STATUS_CODES": (400, 422),
+    # retry with the same key runs (a business 4xx such as 402, 403 or 404 is stored). 406, 413
+    # and 415 are the framework's refusals of a request it could not read or answer.
+    "INVALID_REQUEST_STATUS_CODES": (400, 406, 413, 415, 422),
     # "atomic": the key shares the view's transaction. "lease": the key is committed first and
     # held for LEASE_TIMEOUT, for views whose effect leaves the database.
     "MODE": "atomic",

@@ -109,8 +109,8 @@ BY_CODE = {problem.code: problem for problem in ALL}
 
 # The REST framework's own errors, answered by the opt-in exception handler
 # (django_idempotency.drf_errors.problem_exception_handler). The advice holds for the default
-# INVALID_REQUEST_STATUS_CODES and RETRYABLE_STATUS_CODES: a 400 is not kept under the key, so
-# the corrected request may reuse it; a 404, 405 or 415 from the view is kept and replayed.
+# INVALID_REQUEST_STATUS_CODES and RETRYABLE_STATUS_CODES: a 400, 406 or 415 is not kept under
+# the key, so the corrected request may reuse it; a 404 or 405 from the view is kept and replayed.
 VALIDATION_INVALID = Problem(
     "validation.invalid", 400, "The request is invalid", retryable=False, retry="same_key"
 )
@@ -119,7 +119,7 @@ UNSUPPORTED_MEDIA_TYPE = Problem(
     415,
     "The request body's media type is not supported",
     retryable=False,
-    retry="new_key",
+    retry="same_key",
 )
 NOT_AUTHENTICATED = Problem(
     "auth.not_authenticated", 401, "Authentication is required", retryable=False, retry="same_key"

@@ -20,7 +20,7 @@ def test_defaults_when_unset():
         ):
             assert getattr(idempotency_settings, name) == value
     assert idempotency_settings.SCOPE_FUNCTION is default_scope
-    assert {400, 422} == idempotency_settings.INVALID_REQUEST_STATUS_CODES
+    assert {400, 406, 413, 415, 422} == idempotency_settings.INVALID_REQUEST_STATUS_CODES
 
 
 def test_overrides_are_read_live():

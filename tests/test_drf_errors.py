@@ -148,12 +148,12 @@ def test_a_body_that_cannot_be_parsed_is_invalid_too(client_alice, key):
     assert body["retry"] == "same_key"
 
 
-def test_an_unsupported_media_type_is_kept_so_a_new_key_is_needed(client_alice, key):
+def test_an_unsupported_media_type_is_not_kept_so_the_corrected_retry_runs(client_alice, key):
     response = client_alice.send("POST", "/payments/", "amount", key=key, content_type="text/csv")
     body = problem(response, "validation.unsupported_media_type", 415)
-    assert body["retry"] == "new_key"
-    again = client_alice.send("POST", "/payments/", "amount", key=key, content_type="text/csv")
-    assert again["Idempotency-Status"] == "replayed"
+    assert body["retry"] == "same_key"
+    corrected = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+    assert (corrected.status_code, corrected["Idempotency-Status"]) == (201, "stored")
 
 
 def test_no_credentials_is_not_authenticated_with_the_challenge(key):

@@ -214,3 +214,29 @@ def test_a_recorded_webhook_whose_processing_loses_the_database_answers_2xx(serv
         "inbox events recorded": 1,
         "after the inbox's run: statuses, receipts": ([("processed",)], 1),
     }, f"the delivery's answer: {answer}"
+
+
+def test_a_body_the_framework_refused_before_the_view_ran_is_not_kept(serve, database):
+    # Stripe keeps no answer to a request it refused as invalid: the corrected retry, with the
+    # same key, must run, and junk sent with many keys must leave no rows behind.
+    server = serve()
+    refused = {
+        media_type: server.send(
+            "POST", PAYMENTS, PAYMENT_BODY, key=f"media-{n}", headers=[("Content-Type", media_type)]
+        )
+        for n, media_type in enumerate(["text/plain", "application/merge-patch+json"])
+    }
+    junk = [
+        server.send(
+            "POST", PAYMENTS, b"{", key=f"junk-{n}", headers=[("Content-Type", "text/plain")]
+        )
+        for n in range(20)
+    ]
+    left = database.effects()
+    corrected = [server.send("POST", PAYMENTS, PAYMENT_BODY, key=f"media-{n}") for n in range(2)]
+
+    assert {name: answer.status for name, answer in refused.items()} == dict.fromkeys(refused, 415)
+    assert {answer.status for answer in junk} == {415}
+    assert (left["payments"], left["stored keys"]) == (0, 0), left
+    assert [answer.status for answer in corrected] == [201, 201], [str(a) for a in corrected]
+    assert [answer.headers["Idempotency-Status"] for answer in corrected] == ["stored"] * 2
