@@ -11,6 +11,8 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from hypothesis import given
 from hypothesis import strategies as st
+from ninja import NinjaAPI, Status
+from ninja.security import django_auth
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -18,6 +20,7 @@ from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.keys import InvalidKey, ScopedKey, downstream_key, key_of, parse_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.ninja import idempotent as idempotent_operation
 from django_idempotency.reconcile import ExpiredKey
 from tests.conftest import ApiClient
 
@@ -143,7 +146,18 @@ def charge(request):
     return JsonResponse({"charged": key_of(request).downstream_key}, status=201)
 
 
+ninja_api = NinjaAPI(urls_namespace="keys-tests")
+
+
+@ninja_api.post("/echo/", response={201: dict}, auth=django_auth)
+@idempotent_operation
+def ninja_echo_key(request):
+    key = key_of(request)
+    return Status(201, {"key": key, "downstream": key.downstream_key})
+
+
 urlpatterns = [
+    path("ninja/", ninja_api.urls),
     path("charge/", charge),
     path("plain/", echo_key),
     path("async/", async_echo_key),
@@ -153,7 +167,7 @@ urlpatterns = [
 
 @pytest.mark.django_db
 @pytest.mark.urls(__name__)
-@pytest.mark.parametrize("route", ["/plain/", "/async/", "/drf/"])
+@pytest.mark.parametrize("route", ["/plain/", "/async/", "/drf/", "/ninja/echo/"])
 def test_every_spelling_of_a_key_reaches_the_view_as_one_key_with_one_downstream_key(
     alice, bob, route
 ):
