@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any, cast
 from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
+from django.core.validators import ProhibitNullCharactersValidator
 from django.db import connections, router
 from django.db.models import Q
 from django.shortcuts import redirect
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
 
     from django.contrib.admin.views.main import ChangeList
     from django.db.models import Model, QuerySet
-    from django.http import HttpRequest, HttpResponse
+    from django.http import HttpRequest, HttpResponse, QueryDict
     from django.urls import URLPattern
     from django.utils.functional import _StrPromise
 
@@ -203,6 +205,11 @@ def _prefix(field: str, prefix: str, vendor: str) -> Q:
     return Q(**{f"{field}__gte": prefix, f"{field}__lt": after})
 
 
+def _holds_nul(query: QueryDict) -> bool:
+    """Whether a parameter's name or value in ``query`` holds a NUL character."""
+    return any("\x00" in text for name, values in query.lists() for text in (name, *values))
+
+
 def _header_table(headers: dict[str, str]) -> str:
     if not headers:
         return "—"
@@ -252,6 +259,16 @@ class _ReadOnlyAdmin(_ModelAdmin):
         if value is None:
             return queryset.none(), False
         return queryset.filter(**{self.exact_search_field: value}), False
+
+    def get_changelist_instance(self, request: HttpRequest) -> ChangeList:
+        # PostgreSQL refuses NUL in text and would fail the page as it reads the rows; no row
+        # holds one on any database. So a filter, lookup or search that holds one is refused as
+        # the admin refuses any lookup it cannot make (the list again, at ?e=1), with the
+        # message Django's search box gives for it.
+        if _holds_nul(request.GET):
+            self.message_user(request, ProhibitNullCharactersValidator.message, messages.ERROR)
+            raise IncorrectLookupParameters
+        return super().get_changelist_instance(request)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

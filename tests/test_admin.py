@@ -15,7 +15,12 @@ from django_idempotency import admin as admin_module
 from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from tests.conftest import POSTGRESQL
-from tests.factories import IdempotencyKeyFactory, OutboxMessageFactory, UserFactory
+from tests.factories import (
+    IdempotencyKeyFactory,
+    InboxEventFactory,
+    OutboxMessageFactory,
+    UserFactory,
+)
 from tests.inbox import deliver, refund_event
 from tests.testapp import outbox as test_outbox
 from tests.testapp.models import Refund
@@ -461,6 +466,60 @@ def test_a_user_who_may_only_view_outbox_messages_sees_no_actions(client, outbox
     client.force_login(viewer)
 
     assert client.get(OUTBOX).context["action_form"] is None
+
+
+# A NUL character: PostgreSQL refuses it in text, so no stored value holds one.
+
+NUL = "\x00"
+
+
+@pytest.mark.parametrize(
+    ("model", "query"),
+    [
+        # Django's filters, a lookup the page allows, the library's own filters, the search box
+        # in each of its forms, the ordering, and a parameter's name.
+        *(
+            ("idempotencykey", f"{name}=%00")
+            for name in ("state", "state__exact", "key__startswith", "method", "expires")
+        ),
+        *(("idempotencykey", f"{name}=%00") for name in ("lease", "attention", "o")),
+        *(("idempotencykey", f"q={term}") for term in ("%00", "key%00", "route:%00")),
+        ("idempotencykey", "%00=x"),
+        *(
+            ("inboxevent", f"{name}=%00")
+            for name in ("status", "status__exact", "source", "source__exact", "q")
+        ),
+        *(("inboxevent", f"{name}=%00") for name in ("event_type", "event_type__exact")),
+        *(("outboxmessage", f"{name}=%00") for name in ("topic", "topic__exact", "status", "q")),
+    ],
+)
+def test_a_nul_character_in_a_list_parameter_is_an_invalid_lookup(admin_client, model, query):
+    IdempotencyKeyFactory(completed=True)
+    InboxEventFactory(failed=True)
+    OutboxMessageFactory(sent=True)
+    page = f"/admin/django_idempotency/{model}/"
+
+    response = admin_client.get(f"{page}?{query}")
+
+    # What the admin answers to any lookup it cannot make: the list again, without its filters,
+    # here with the message Django's search box gives.
+    assert (response.status_code, response.get("Location")) == (302, f"{page}?e=1")
+    again = admin_client.get(response["Location"])
+    assert again.status_code == 200
+    assert "Null characters are not allowed." in again.content.decode()
+
+
+def test_an_action_on_a_list_filtered_by_a_nul_character_changes_nothing(admin_client, stored):
+    expired = IdempotencyKey.objects.get(key="old-key")
+
+    response = admin_client.post(
+        f"{CHANGELIST}?state=%00",
+        {"action": "delete_expired", "_selected_action": [expired.pk]},
+    )
+
+    assert (response.status_code, response["Location"]) == (302, f"{CHANGELIST}?e=1")
+    assert IdempotencyKey.objects.filter(pk=expired.pk).exists()
+    assert not LogEntry.objects.exists()
 
 
 def test_purge_all_expired_keys_from_the_changelist_and_log_it(admin_client, stored):
