@@ -33,6 +33,8 @@ LOG_FIELD = "correlation_id"
 
 # A received id is logged and sent on: it must be short and unable to forge a log line.
 _VALID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/+=@-]{0,127}")
+# In the order they are read.
+_HEADERS = (HEADER, FALLBACK_HEADER)
 _current: ContextVar[str | None] = ContextVar("django_idempotency_correlation_id", default=None)
 
 
@@ -61,7 +63,7 @@ def from_headers(headers: Mapping[str, Any] | None) -> str | None:
     if not headers:
         return None
     lowered = None
-    for name in (HEADER, FALLBACK_HEADER):
+    for name in _HEADERS:
         value = headers.get(name)
         if value is None and isinstance(headers, dict):
             # A stored dict keeps the sender's spelling of the name; a request's headers need
@@ -72,6 +74,19 @@ def from_headers(headers: Mapping[str, Any] | None) -> str | None:
         if (found := clean(value)) is not None:
             return found
     return None
+
+
+def without_invalid(headers: Mapping[str, str]) -> dict[str, str]:
+    """Return ``headers`` less the correlation id headers whose value is not acceptable.
+
+    For headers that are stored: what is kept is read back with :func:`from_headers`.
+    """
+    names = {name.lower() for name in _HEADERS}
+    return {
+        name: value
+        for name, value in headers.items()
+        if name.lower() not in names or clean(value) is not None
+    }
 
 
 @contextlib.contextmanager

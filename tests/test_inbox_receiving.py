@@ -11,6 +11,7 @@ from django_idempotency.inbox import receive
 from django_idempotency.inbox.receiving import payload_hash
 from django_idempotency.models import InboxEvent
 from tests.conftest import in_memory_sqlite
+from tests.inbox import deliver, refund_event
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -25,6 +26,35 @@ def test_an_event_id_purged_long_ago_can_be_recorded_again():
 def test_the_payload_hash_ignores_key_order_and_accepts_large_integers():
     assert payload_hash({"a": 1, "b": 2}) == payload_hash({"b": 2, "a": 1})
     assert payload_hash({"id": 2**64}) != payload_hash({"id": 2**64 + 1})
+
+
+def test_a_correlation_id_that_a_request_could_not_carry_is_not_kept():
+    # The event's handlers log the kept id and send it on: it has a request's bound (128
+    # characters, no spaces), and what the middleware would ignore is dropped.
+    deliver(
+        refund_event("evt_long"), headers={"X-Correlation-ID": "x" * 129, "X-Request-ID": "lb-1"}
+    )
+    deliver(
+        refund_event("evt_forged"), headers={"X-Correlation-ID": "a b", "X-Request-ID": "y" * 8000}
+    )
+    deliver(refund_event("evt_bound"), headers={"X-Correlation-ID": "z" * 128})
+    # receive() called directly, with a message's headers spelled in lower case.
+    receive(
+        "tests",
+        "msg_1",
+        "customer.created",
+        {},
+        headers={"x-correlation-id": "a\nb", "x-request-id": "q-1", "x-tenant": "a b"},
+    )
+
+    kept = dict(InboxEvent.objects.values_list("event_id", "headers"))
+    assert {"X-Request-ID": "lb-1"}.items() <= kept["evt_long"].items()
+    assert "X-Correlation-ID" not in kept["evt_long"]
+    assert not {"X-Correlation-ID", "X-Request-ID"} & kept["evt_forged"].keys()
+    assert kept["evt_forged"]["Content-Type"] == "application/json"
+    assert kept["evt_bound"]["X-Correlation-ID"] == "z" * 128
+    # Other headers are the receiver's choice, kept as sent.
+    assert kept["msg_1"] == {"x-request-id": "q-1", "x-tenant": "a b"}
 
 
 @pytest.mark.server_db

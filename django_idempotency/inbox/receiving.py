@@ -23,7 +23,7 @@ from django import db
 from django.db import connections, models, router, transaction
 from django.utils import timezone
 
-from django_idempotency import signals
+from django_idempotency import correlation, signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.counting import Count, DeferredCounts
 from django_idempotency.inbox.processing import (
@@ -87,7 +87,9 @@ def receive(
         event_type=event_type,
         payload=payload,
         payload_hash=digest,
-        headers=dict(headers or {}),
+        # An id that a request could not carry either is dropped, as the middleware ignores it:
+        # the event's handlers would log it and send it on.
+        headers=correlation.without_invalid(headers or {}),
         received_at=now,
         # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
