@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.models import DELETION, LogEntry
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.auth import get_user_model
@@ -269,6 +270,26 @@ class _ReadOnlyAdmin(_ModelAdmin):
             self.message_user(request, ProhibitNullCharactersValidator.message, messages.ERROR)
             raise IncorrectLookupParameters
         return super().get_changelist_instance(request)
+
+    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+        # Rows are selected by primary key. A value that cannot be one (a form made by hand)
+        # would fail the action as it reads the rows: it selects nothing, and the action is
+        # refused as Django refuses an empty selection.
+        pk = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                pk.clean(value, None)
+        except ValidationError:
+            self.message_user(
+                request,
+                _(
+                    "Items must be selected in order to perform actions on them. No items have "
+                    "been changed."
+                ),
+                messages.WARNING,
+            )
+            return None
+        return super().response_action(request, queryset)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None

@@ -522,6 +522,34 @@ def test_an_action_on_a_list_filtered_by_a_nul_character_changes_nothing(admin_c
     assert not LogEntry.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("model", "action"),
+    [
+        ("idempotencykey", "release_expired_leases"),
+        ("idempotencykey", "delete_expired"),
+        ("inboxevent", "reprocess"),
+        ("inboxevent", "retry_now"),
+        ("inboxevent", "mark_dead"),
+        ("outboxmessage", "redeliver"),
+    ],
+)
+@pytest.mark.parametrize("selected", ["abc", NUL, str(2**70)])
+def test_an_action_on_rows_selected_by_ids_that_no_row_can_have_changes_nothing(
+    admin_client, model, action, selected
+):
+    IdempotencyKeyFactory(lease_expired=True, expired=True)
+    InboxEventFactory(failed=True)
+    OutboxMessageFactory(dead=True)
+    page = f"/admin/django_idempotency/{model}/"
+
+    response = admin_client.post(page, {"action": action, "_selected_action": [selected]})
+
+    # As when nothing is selected: the list again, with Django's message.
+    assert (response.status_code, response["Location"]) == (302, page)
+    assert "Items must be selected" in admin_client.get(page).content.decode()
+    assert not LogEntry.objects.exists()
+
+
 def test_purge_all_expired_keys_from_the_changelist_and_log_it(admin_client, stored):
     page = admin_client.get(CHANGELIST).content.decode()
     assert 'id="purge-expired"' in page
