@@ -541,12 +541,15 @@ def test_an_action_on_rows_selected_by_ids_that_no_row_can_have_changes_nothing(
     InboxEventFactory(failed=True)
     OutboxMessageFactory(dead=True)
     page = f"/admin/django_idempotency/{model}/"
+    tables = (IdempotencyKey, InboxEvent, OutboxMessage)
+    before = [list(table.objects.values()) for table in tables]
 
     response = admin_client.post(page, {"action": action, "_selected_action": [selected]})
 
     # As when nothing is selected: the list again, with Django's message.
     assert (response.status_code, response["Location"]) == (302, page)
     assert "Items must be selected" in admin_client.get(page).content.decode()
+    assert [list(table.objects.values()) for table in tables] == before
     assert not LogEntry.objects.exists()
 
 
