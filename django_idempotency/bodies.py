@@ -1,8 +1,10 @@
-"""What the library reads of a request body: JSON within a depth limit, and only a whole body."""
+"""What the library reads of a request body: standard JSON within a depth limit, and only a
+whole body."""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.handlers.wsgi import WSGIRequest
@@ -19,11 +21,24 @@ MAX_JSON_DEPTH = 64
 _Value = TypeVar("_Value")
 
 
-class JSONTooDeep(ValueError):
+class UnfitJSON(ValueError):
+    """JSON that Python reads but that the library does not pass on; the message completes
+    "The JSON body …" and holds nothing of the body."""
+
+
+class JSONTooDeep(UnfitJSON):
     """The JSON document is nested deeper than ``MAX_JSON_DEPTH``."""
 
     def __init__(self) -> None:
-        super().__init__(f"the JSON is nested deeper than {MAX_JSON_DEPTH} levels")
+        super().__init__(f"is nested deeper than {MAX_JSON_DEPTH} levels")
+
+
+class JSONNotStandard(UnfitJSON):
+    """The document holds ``NaN``, ``Infinity`` or ``-Infinity``, or a number beyond a double's
+    range (such as ``1e400``, which Python reads as infinity)."""
+
+    def __init__(self, value: str) -> None:
+        super().__init__(f"holds {value}, which is not a JSON number (RFC 8259)")
 
 
 def check_json_depth(value: _Value) -> _Value:
@@ -39,11 +54,27 @@ def check_json_depth(value: _Value) -> _Value:
     return value
 
 
+def _refuse_constant(name: str) -> Any:
+    # Python's json module reads NaN and ±Infinity, which RFC 8259 §6 leaves out of JSON: other
+    # parsers (DRF's among them) refuse them, and PostgreSQL's jsonb would refuse the write.
+    raise JSONNotStandard(name)
+
+
+def _finite_float(text: str) -> float:
+    # RFC 8259 §6 lets a parser limit the range of numbers: one beyond a double's reads as
+    # infinity, which json.dumps then writes as the Infinity above.
+    value = float(text)
+    if math.isinf(value):
+        raise JSONNotStandard("a number beyond the range of a double")
+    return value
+
+
 def load_json(data: bytes | str) -> Any:
-    """``json.loads`` within ``MAX_JSON_DEPTH``: raise ``ValueError`` if ``data`` is not JSON,
-    ``JSONTooDeep`` (a ``ValueError``) if it is nested too deeply."""
+    """``json.loads`` of standard JSON: raise ``ValueError`` if ``data``
+    is not JSON, ``JSONNotStandard`` if it holds ``NaN`` or an infinity, ``JSONTooDeep`` if it is
+    nested deeper than ``MAX_JSON_DEPTH`` (both ``ValueError`` too)."""
     try:
-        value = json.loads(data)
+        value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
         raise JSONTooDeep from None
     return check_json_depth(value)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import rfc8785
 from django.http.multipartparser import MultiPartParserError
 
-from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, length_unknown, load_json
+from django_idempotency.bodies import UnfitJSON, length_unknown, load_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -39,10 +39,10 @@ class _Digest:
 
 def _canonical(body: bytes) -> bytes | None:
     """The RFC 8785 form of a JSON body; ``None`` if it is not canonicalizable JSON; raise
-    ``JSONTooDeep`` if it is nested too deeply to parse."""
+    ``UnfitJSON`` if it is JSON that the library does not pass on (too deep, or not standard)."""
     try:
         return rfc8785.dumps(load_json(body))
-    except JSONTooDeep:
+    except UnfitJSON:
         raise
     except (ValueError, TypeError, rfc8785.CanonicalizationError):
         # Not JSON, or JSON that RFC 8785 cannot represent (such as integers beyond 2**53):
@@ -54,7 +54,7 @@ def canonical_json(body: bytes) -> bytes | None:
     """Return the RFC 8785 form of a JSON body, or ``None`` if it is not canonicalizable JSON."""
     try:
         return _canonical(body)
-    except JSONTooDeep:
+    except UnfitJSON:
         return None
 
 
@@ -142,9 +142,10 @@ def request_fingerprint(request: HttpRequest, route: str, headers: Iterable[str]
         body = request.body
         try:
             canonical = _canonical(body) if _is_json(content_type) else None
-        except JSONTooDeep as exc:
-            msg = f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels."
-            raise UnreadableBody(msg) from exc
+        except UnfitJSON as exc:
+            # Refused here, where every adapter reads a keyed body, rather than passed on to a
+            # view whose parser may accept it and whose database write would then fail.
+            raise UnreadableBody(f"The JSON body {exc}.") from exc
         digest.add(b"json" if canonical is not None else b"raw")
         digest.add(canonical if canonical is not None else body)
     return digest.hexdigest()

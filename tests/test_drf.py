@@ -571,6 +571,23 @@ def test_a_json_body_nested_too_deeply_with_a_key_is_a_400_not_a_500(
     assert effects() == (0, 0, 0)
 
 
+@pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_nan_or_an_infinity_with_a_key_is_a_400_and_the_corrected_retry_runs(
+    client_alice, key, path, number
+):
+    # The plain view reads the body with json.loads, which takes them; the database would not.
+    body = f'{{"amount": 5, "metadata": {{"rate": {number}}}}}'
+    response = client_alice.send("POST", path, body, key=key)
+
+    assert response.status_code == 400
+    assert problem(response)["code"] == "idempotency.body_invalid"
+    assert effects() == (0, 0, 0)
+    retry = client_alice.send("POST", path, '{"amount": 5, "metadata": {"rate": 1.5}}', key=key)
+    assert retry.status_code == 201
+    assert Payment.objects.get().metadata == {"rate": 1.5}
+
+
 class TestJSONParser:
     """The JSON parser the library ships for DRF: a depth limit, so deep JSON is a 400 too
     without a key."""

@@ -112,5 +112,32 @@ def test_json_nested_deeper_than_the_limit_cannot_be_fingerprinted(depth):
         fingerprint_of(nested(depth))
 
 
+@pytest.mark.parametrize(
+    ("number", "named"),
+    [
+        ("NaN", "NaN"),
+        ("Infinity", "Infinity"),
+        ("-Infinity", "-Infinity"),
+        ("1e400", "a number beyond the range of a double"),
+        ("-1E+999", "a number beyond the range of a double"),
+    ],
+)
+def test_json_with_nan_or_an_infinity_cannot_be_fingerprinted(number, named):
+    # Python's json module reads them; RFC 8259 has no such numbers.
+    with pytest.raises(UnreadableBody, match=f"^The JSON body holds {named}, which is not a JSON"):
+        fingerprint_of(f'{{"a": [1, {{"b": {number}}}]}}')
+    assert canonical_json(f'{{"a": {number}}}'.encode()) is None
+
+
+def test_large_and_small_finite_numbers_are_fingerprinted_as_json():
+    assert fingerprint_of('{"a": 1.7976931348623157e308, "b": 1e-400}') == fingerprint_of(
+        '{"b":1e-400,"a":1.7976931348623157e308}'
+    )
+
+
+def test_the_names_of_the_constants_are_still_text():
+    assert fingerprint_of('{"a": "NaN"}') == fingerprint_of('{ "a":"NaN" }')
+
+
 def test_the_depth_limit_leaves_room_on_the_stack():
     assert 32 <= MAX_JSON_DEPTH <= sys.getrecursionlimit() // 4

@@ -223,6 +223,19 @@ def test_an_unreadable_payload_is_refused_with_400(body):
     assert not InboxEvent.objects.exists()
 
 
+@pytest.mark.parametrize("number", ["NaN", "-Infinity", "1e400"])
+def test_a_payload_with_nan_or_an_infinity_is_refused_with_400_saying_why(number):
+    response = deliver(
+        b'{"id": "evt_nan", "type": "refund.succeeded", "data": {"amount": %s}}' % number.encode()
+    )
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["code"] == "inbox.payload_invalid"
+    assert "which is not a JSON number (RFC 8259)" in body["detail"]
+    assert not InboxEvent.objects.exists()
+
+
 def nested_event(depth: int) -> bytes:
     """A refund event whose JSON is ``depth`` levels deep, its two objects included."""
     arrays = b"[" * (depth - 2) + b"]" * (depth - 2)

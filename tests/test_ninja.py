@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.contrib.auth import authenticate
@@ -47,6 +48,7 @@ class TokenAuth(APIKeyHeader):
 class PaymentIn(Schema):
     amount: int
     currency: str = "EUR"
+    metadata: dict[str, Any] = {}
 
 
 class PaymentOut(Schema):
@@ -64,7 +66,9 @@ router = Router()
 @idempotent()
 def create_payment(request, payload: PaymentIn):
     user = request.auth if request.auth is not True else None
-    payment = Payment.objects.create(owner=user, amount=payload.amount, currency=payload.currency)
+    payment = Payment.objects.create(
+        owner=user, amount=payload.amount, currency=payload.currency, metadata=payload.metadata
+    )
     LedgerEntry.objects.create(payment=payment, amount=payment.amount)
     if hold := request.headers.get("X-Hold"):
         time.sleep(float(hold))
@@ -272,6 +276,23 @@ class TestWhatIsStored:
         assert corrected.status_code == 201
         assert corrected["Idempotency-Status"] == "stored"
         assert effects() == (1, 1, 1)
+
+    @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
+    def test_nan_or_an_infinity_keeps_nothing_and_the_corrected_retry_runs(
+        self, client_alice, key, number
+    ):
+        # Ninja's parser (json.loads) and its schema take them; the database would not.
+        body = f'{{"amount": 5, "metadata": {{"rate": {number}}}}}'
+        refused = client_alice.send("POST", "/api/payments/", body, key=key)
+        assert refused.status_code == 400
+        assert problem(refused)["code"] == "idempotency.body_invalid"
+        assert effects() == (0, 0, 0)
+
+        corrected = client_alice.send(
+            "POST", "/api/payments/", {"amount": 5, "metadata": {"rate": 1.5}}, key=key
+        )
+        assert corrected.status_code == 201
+        assert Payment.objects.get().metadata == {"rate": 1.5}
 
     def test_an_http_error_after_the_write_is_stored_and_replayed(self, client_alice, key):
         headers = {"X-Fail": "declined"}

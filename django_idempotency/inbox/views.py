@@ -16,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django_idempotency import problems, signals
 from django_idempotency.bodies import (
     MAX_JSON_DEPTH,
+    JSONNotStandard,
     JSONTooDeep,
     check_json_depth,
     length_unknown,
@@ -186,6 +187,8 @@ class WebhookReceiverView(View):
         except (JSONTooDeep, RecursionError):
             detail = f"The payload is nested deeper than {MAX_JSON_DEPTH} levels."
             raise _Refusal(problems.PAYLOAD_INVALID, detail) from None
+        except JSONNotStandard as exc:
+            raise _Refusal(problems.PAYLOAD_INVALID, f"The payload {exc}.") from None
         except ValueError:
             raise _Refusal(problems.PAYLOAD_INVALID, "The payload cannot be parsed.") from None
         event_id = self.get_event_id(request, payload)

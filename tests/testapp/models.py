@@ -10,6 +10,8 @@ class Payment(models.Model):
     currency = models.CharField(max_length=3, default="EUR")
     # What a downstream provider would keep: the idempotency key it was called with.
     reference = models.CharField(max_length=255, blank=True, default="")
+    # JSON from the request, stored as sent: each database has its own limits on what it holds.
+    metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
         # One payment per provider charge, as a real project records it.

@@ -29,9 +29,11 @@ from tests.testapp.models import LedgerEntry, Payment
 
 
 class PaymentSerializer(serializers.ModelSerializer):
+    metadata = serializers.JSONField(required=False, write_only=True)
+
     class Meta:
         model = Payment
-        fields = ["id", "amount", "currency"]
+        fields = ["id", "amount", "currency", "metadata"]
 
 
 def create_payment(request, data):
@@ -40,6 +42,7 @@ def create_payment(request, data):
         owner=request.user if request.user.is_authenticated else None,
         amount=data["amount"],
         currency=data.get("currency", "EUR"),
+        metadata=data.get("metadata", {}),
     )
     LedgerEntry.objects.create(payment=payment, amount=payment.amount)
     if hold := request.headers.get("X-Hold"):
