@@ -15,10 +15,12 @@ from django.contrib.auth import authenticate
 from django.http import HttpRequest  # noqa: TC002 - Ninja reads the annotations at runtime
 from ninja import Field, NinjaAPI, Schema, Status
 from ninja.security import HttpBasicAuth, django_auth
+from pydantic import AfterValidator
 
 from django_idempotency.ninja import idempotent
 from payments import provider
 from payments.models import LedgerEntry, Payment
+from payments.validation import metadata_problem, text_problem
 
 
 class BasicAuth(HttpBasicAuth):
@@ -28,11 +30,25 @@ class BasicAuth(HttpBasicAuth):
         return authenticate(request, username=username, password=password)
 
 
+def _storable_text(text: str) -> str:
+    if (problem := text_problem(text)) is not None:
+        raise ValueError(problem)
+    return text
+
+
+def _storable_metadata(value: dict[str, Any]) -> dict[str, Any]:
+    if (problem := metadata_problem(value)) is not None:
+        raise ValueError(problem)
+    return value
+
+
 class PaymentIn(Schema):
     amount: Annotated[int, Field(ge=1, le=99_999_999)]
     currency: Annotated[str, Field(pattern=r"^[A-Za-z]{3}$")]
-    description: Annotated[str, Field(max_length=255)] = ""
-    metadata: dict[str, Any] = {}
+    # What DRF's CharField and the serializer refuse, Ninja's schema refuses too: a 422, where
+    # the database would refuse the write with a 500.
+    description: Annotated[str, Field(max_length=255), AfterValidator(_storable_text)] = ""
+    metadata: Annotated[dict[str, Any], AfterValidator(_storable_metadata)] = {}
 
 
 class PaymentOut(Schema):

@@ -1,19 +1,11 @@
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from rest_framework import serializers
 
 from payments.models import Payment, Refund
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+from payments.validation import metadata_problem
 
 
 class PaymentSerializer(serializers.ModelSerializer):
@@ -46,11 +38,8 @@ class PaymentSerializer(serializers.ModelSerializer):
         if not isinstance(value, dict):
             msg = "Must be a JSON object."
             raise serializers.ValidationError(msg)
-        # PostgreSQL's jsonb holds neither NUL characters nor lone surrogates ("\ud800").
-        text = json.dumps(value, ensure_ascii=False)
-        if "\\u0000" in text or not _is_utf8(text):
-            msg = "Must hold text without NUL characters or lone surrogates."
-            raise serializers.ValidationError(msg)
+        if (problem := metadata_problem(value)) is not None:
+            raise serializers.ValidationError(problem)
         return value
 
 

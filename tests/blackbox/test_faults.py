@@ -240,3 +240,33 @@ def test_a_body_the_framework_refused_before_the_view_ran_is_not_kept(serve, dat
     assert (left["payments"], left["stored keys"]) == (0, 0), left
     assert [answer.status for answer in corrected] == [201, 201], [str(a) for a in corrected]
     assert [answer.headers["Idempotency-Status"] for answer in corrected] == ["stored"] * 2
+
+
+def test_nan_infinity_and_unstorable_text_are_4xx_and_the_corrected_retry_runs(serve, database):
+    server = serve()
+    not_json = {
+        constant: f'{{"amount": 1000, "currency": "eur", "metadata": {{"r": {constant}}}}}'
+        for constant in ("NaN", "Infinity", "-Infinity")
+    }
+    # JSON, but text that PostgreSQL stores neither in a text column nor in jsonb.
+    unstorable = {
+        "nul-in-description": '{"amount": 1000, "currency": "eur", "description": "a\\u0000"}',
+        "nul-in-metadata": '{"amount": 1000, "currency": "eur", "metadata": {"n": "\\u0000"}}',
+        "lone-surrogate": '{"amount": 1000, "currency": "eur", "description": "a\\ud800b"}',
+        "surrogate-in-metadata": '{"amount": 1, "currency": "eur", "metadata": {"\\udfff": 1}}',
+    }
+    answers = {
+        name: server.send("POST", PAYMENTS, body.encode(), key=name)
+        for name, body in {**not_json, **unstorable}.items()
+    }
+    refused = database.effects()
+    retries = {name: server.send("POST", PAYMENTS, PAYMENT_BODY, key=name) for name in answers}
+
+    assert {name: problem(answers[name]) for name in not_json} == dict.fromkeys(
+        not_json, (True, "idempotency.body_invalid")
+    )
+    assert {name: answers[name].status for name in unstorable} == dict.fromkeys(unstorable, 400), {
+        name: str(answers[name]) for name in unstorable
+    }
+    assert (refused["payments"], refused["stored keys"]) == (0, 0), refused
+    assert {name: retry.status for name, retry in retries.items()} == dict.fromkeys(answers, 201)

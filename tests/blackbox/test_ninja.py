@@ -97,3 +97,60 @@ def test_the_schema_documents_the_key_and_its_answers(serve, database):
     [header] = [p for p in operation["parameters"] if p["name"] == "Idempotency-Key"]
     assert header["required"] is True
     assert {"400", "409", "422", "503"} <= set(operation["responses"])
+
+
+# Python's json module reads these; RFC 8259 does not have them, and PostgreSQL's jsonb refuses
+# them.
+NOT_JSON = {
+    "NaN": b'{"amount": 1000, "currency": "eur", "metadata": {"rate": NaN}}',
+    "Infinity": b'{"amount": 1000, "currency": "eur", "metadata": {"rate": Infinity}}',
+    "-Infinity": b'{"amount": 1000, "currency": "eur", "metadata": {"rate": -Infinity}}',
+}
+# JSON, but text that PostgreSQL stores neither in a text column nor in jsonb.
+UNSTORABLE_TEXT = {
+    "nul-in-description": b'{"amount": 1000, "currency": "eur", "description": "a\\u0000b"}',
+    "nul-in-metadata": b'{"amount": 1000, "currency": "eur", "metadata": {"n": "a\\u0000b"}}',
+    "lone-surrogate": b'{"amount": 1000, "currency": "eur", "description": "a\\ud800b"}',
+    "surrogate-in-metadata": b'{"amount": 1, "currency": "eur", "metadata": {"\\udfff": 1}}',
+}
+
+
+def test_nan_and_infinity_are_refused_as_unreadable_and_the_corrected_retry_runs(serve, database):
+    server = serve()
+    answers = {
+        name: server.send("POST", NINJA_PAYMENTS, body, key=f"ninja-{name}")
+        for name, body in NOT_JSON.items()
+    }
+    refused = database.effects()
+    retries = {
+        name: server.send("POST", NINJA_PAYMENTS, PAYMENT_BODY, key=f"ninja-{name}").status
+        for name in NOT_JSON
+    }
+
+    assert {
+        name: (answer.status, answer.content_type, answer.field("code"))
+        for name, answer in answers.items()
+    } == dict.fromkeys(NOT_JSON, (400, PROBLEM, "idempotency.body_invalid")), {
+        name: str(answer) for name, answer in answers.items()
+    }
+    assert (refused["payments"], refused["stored keys"]) == (0, 0), refused
+    assert retries == dict.fromkeys(NOT_JSON, 201)
+
+
+def test_text_the_database_cannot_store_is_refused_as_invalid_input(serve, database):
+    server = serve()
+    answers = {
+        name: server.send("POST", NINJA_PAYMENTS, body, key=f"ninja-{name}")
+        for name, body in UNSTORABLE_TEXT.items()
+    }
+    refused = database.effects()
+    retries = {
+        name: server.send("POST", NINJA_PAYMENTS, PAYMENT_BODY, key=f"ninja-{name}").status
+        for name in UNSTORABLE_TEXT
+    }
+
+    assert {name: answer.status for name, answer in answers.items()} == dict.fromkeys(
+        UNSTORABLE_TEXT, 422
+    ), {name: str(answer) for name, answer in answers.items()}
+    assert (refused["payments"], refused["stored keys"]) == (0, 0), refused
+    assert retries == dict.fromkeys(UNSTORABLE_TEXT, 201)
