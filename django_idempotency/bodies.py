@@ -9,14 +9,10 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.handlers.wsgi import WSGIRequest
 
+from django_idempotency.conf import idempotency_settings
+
 if TYPE_CHECKING:
     from django.http import HttpRequest
-
-#: The deepest nesting of JSON arrays and objects that is parsed: ``[]`` is 1 level, ``{"a": []}``
-#: 2. Parsing and canonicalizing JSON recurse once per level or more, so a body a few thousand
-#: levels deep (a few kilobytes) would exhaust Python's recursion limit (1,000) mid-request. No
-#: real request or webhook comes near 64 levels.
-MAX_JSON_DEPTH = 64
 
 _Value = TypeVar("_Value")
 
@@ -27,10 +23,10 @@ class UnfitJSON(ValueError):
 
 
 class JSONTooDeep(UnfitJSON):
-    """The JSON document is nested deeper than ``MAX_JSON_DEPTH``."""
+    """The JSON document is nested deeper than the ``MAX_JSON_DEPTH`` setting allows."""
 
-    def __init__(self) -> None:
-        super().__init__(f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"is nested deeper than {limit} levels")
 
 
 class JSONNotStandard(UnfitJSON):
@@ -41,15 +37,23 @@ class JSONNotStandard(UnfitJSON):
         super().__init__(f"holds {value}, which is not a JSON number (RFC 8259)")
 
 
+def max_json_depth() -> int:
+    """The deepest nesting of JSON arrays and objects that is read: the ``MAX_JSON_DEPTH``
+    setting. ``[]`` is 1 level, ``{"a": []}`` 2."""
+    return idempotency_settings.MAX_JSON_DEPTH
+
+
 def check_json_depth(value: _Value) -> _Value:
-    """Return a parsed JSON ``value``; raise ``JSONTooDeep`` if it is nested too deeply."""
+    """Return a parsed JSON ``value``; raise ``JSONTooDeep`` if it is nested deeper than the
+    ``MAX_JSON_DEPTH`` setting allows."""
+    limit = max_json_depth()
     # Depth first with a stack of its own: the check itself must not recurse.
     stack: list[tuple[Any, int]] = [(value, 1)] if isinstance(value, dict | list) else []
     while stack:
         node, depth = stack.pop()
         children = node.values() if isinstance(node, dict) else node
-        if depth > MAX_JSON_DEPTH:
-            raise JSONTooDeep
+        if depth > limit:
+            raise JSONTooDeep(limit)
         stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
     return value
 
@@ -70,13 +74,13 @@ def _finite_float(text: str) -> float:
 
 
 def load_json(data: bytes | str) -> Any:
-    """``json.loads`` of standard JSON: raise ``ValueError`` if ``data``
-    is not JSON, ``JSONNotStandard`` if it holds ``NaN`` or an infinity, ``JSONTooDeep`` if it is
-    nested deeper than ``MAX_JSON_DEPTH`` (both ``ValueError`` too)."""
+    """``json.loads`` of standard JSON: raise ``ValueError`` if ``data`` is not JSON,
+    ``JSONNotStandard`` if it holds ``NaN`` or an infinity, ``JSONTooDeep`` if it is nested deeper
+    than the ``MAX_JSON_DEPTH`` setting allows (both ``ValueError`` too)."""
     try:
         value = json.loads(data, parse_constant=_refuse_constant, parse_float=_finite_float)
     except RecursionError:
-        raise JSONTooDeep from None
+        raise JSONTooDeep(max_json_depth()) from None
     return check_json_depth(value)
 
 

@@ -235,6 +235,42 @@ def _redis_connection_kwargs(config: dict[str, Any]) -> dict[str, Any] | None:
     return kwargs
 
 
+# The deepest JSON that MariaDB's JSON columns take, counted as MAX_JSON_DEPTH counts ([] is one
+# level): Django checks a JSONField there with JSON_VALID(), which refuses 32 levels (its
+# JSON_DEPTH_LIMIT), and the insert fails with an IntegrityError. MySQL's JSON type takes 100
+# levels, but MySQL is not supported (E028), and telling the two apart needs a connection.
+# PostgreSQL's jsonb takes thousands of levels and SQLite's JSON functions 1,000 or more: more
+# than MAX_JSON_DEPTH may be.
+MARIADB_JSON_DEPTH = 31
+
+
+@register(Tags.compatibility)
+def check_json_depth(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    user = getattr(settings, "IDEMPOTENCY", {})
+    depth = user.get("MAX_JSON_DEPTH") if isinstance(user, dict) else None
+    if depth is None or RULES["MAX_JSON_DEPTH"].problem(depth) is not None:
+        return []  # the default, or an invalid value that E034 reports
+    if depth <= MARIADB_JSON_DEPTH:
+        return []
+    # Any database may be where a view writes the body, not only the one that holds the keys.
+    return [
+        Warning(
+            f"IDEMPOTENCY['MAX_JSON_DEPTH'] is {depth}, but the {alias!r} database refuses JSON "
+            f"nested deeper than {MARIADB_JSON_DEPTH} levels: a body between the two that a "
+            "view stores there fails with a 500 instead of a 400.",
+            hint=f"Use {MARIADB_JSON_DEPTH} or less, or remove it to use the default, "
+            f"{DEFAULTS['MAX_JSON_DEPTH']}.",
+            id="django_idempotency.W007",
+        )
+        for alias in connections
+        if connections[alias].vendor == "mysql"
+    ]
+
+
 # A lease is renewed every third of its length: under this, one slow renewal round trip (a
 # database failover, a long pause of the process) hands a live request's key to its retry.
 MIN_LEASE_SECONDS = 3.0

@@ -39,6 +39,10 @@ DEFAULTS: dict[str, Any] = {
     "ANONYMOUS": "shared",
     # Request headers that are part of the fingerprint, for example a tenant header.
     "FINGERPRINT_HEADERS": (),
+    # The deepest nesting of JSON arrays and objects read from a body ([] is 1 level, {"a": []}
+    # 2); deeper JSON is refused with a 400. MariaDB's JSON columns refuse 32 levels, so 31 is
+    # the most that every supported database stores.
+    "MAX_JSON_DEPTH": 31,
     # Statuses that invite a retry: never stored, so that the retry executes again.
     "RETRYABLE_STATUS_CODES": (408, 409, 425, 429),
     # Statuses that reject the request as invalid: not stored either, so that the corrected
@@ -230,6 +234,18 @@ def _positive_int(value: Any) -> str | None:
     return "must be a positive whole number"
 
 
+# Parsing and canonicalizing JSON recurse once per level or more, on top of the request's own
+# frames: a limit this low keeps the deepest body allowed well inside Python's recursion limit
+# (1,000), where a few thousand levels would exhaust it mid-request.
+DEEPEST_JSON = 200
+
+
+def _json_depth(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= DEEPEST_JSON:
+        return None
+    return f"must be a whole number from 1 to {DEEPEST_JSON}"
+
+
 def _seconds(value: timedelta | float) -> timedelta:
     return value if isinstance(value, timedelta) else timedelta(seconds=value)
 
@@ -281,6 +297,7 @@ RULES: dict[str, Rule] = {
     "ENABLED": Rule("django_idempotency.E027", _boolean, bool),
     "RECONCILE": Rule("django_idempotency.E030", _reconcile, _hook),
     "RECONCILE_TIMEOUT": Rule("django_idempotency.E031", _ttl, _seconds),
+    "MAX_JSON_DEPTH": Rule("django_idempotency.E034", _json_depth, int),
 }
 
 
@@ -344,6 +361,7 @@ class IdempotencySettings:
     SCOPE_FUNCTION = _Setting[Callable[..., str]]()
     ANONYMOUS = _Setting[AnonymousPolicy]()
     FINGERPRINT_HEADERS = _Setting[tuple[str, ...]]()
+    MAX_JSON_DEPTH = _Setting[int]()
     RETRYABLE_STATUS_CODES = _Setting[frozenset[int]]()
     INVALID_REQUEST_STATUS_CODES = _Setting[frozenset[int]]()
     MODE = _Setting[Mode]()

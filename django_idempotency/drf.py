@@ -15,7 +15,7 @@ with _optional.requires("drf", __name__):
     from rest_framework.exceptions import ParseError
     from rest_framework.utils.encoders import JSONEncoder
 
-from django_idempotency.bodies import MAX_JSON_DEPTH, JSONTooDeep, check_json_depth
+from django_idempotency.bodies import JSONTooDeep, check_json_depth, max_json_depth
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,
     PreconditionError,
@@ -163,8 +163,9 @@ class IdempotentMixin(_Base):
 
 
 class JSONParser(parsers.JSONParser):
-    """DRF's JSON parser, refusing JSON nested deeper than ``MAX_JSON_DEPTH`` with a
-    ``ParseError`` (400) where DRF's own answers 500 (a ``RecursionError``).
+    """DRF's JSON parser, refusing JSON nested deeper than the ``MAX_JSON_DEPTH`` setting allows
+    with a ``ParseError`` (400), where DRF's own answers 500 (a ``RecursionError``) or passes it
+    on to a database that refuses it.
 
     Set it first in ``DEFAULT_PARSER_CLASSES``, or in a view's ``parser_classes``.
     """
@@ -178,7 +179,7 @@ class JSONParser(parsers.JSONParser):
         try:
             return check_json_depth(super().parse(stream, media_type, parser_context))
         except (JSONTooDeep, RecursionError):
-            msg = f"JSON parse error - nested deeper than {MAX_JSON_DEPTH} levels"
+            msg = f"JSON parse error - nested deeper than {max_json_depth()} levels"
             raise ParseError(msg) from None
 
 

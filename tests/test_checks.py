@@ -84,6 +84,10 @@ def test_the_command_fails_on_a_bad_setting():
         ({"OUTBOX_RETRY_DELAY": 0}, ["django_idempotency.E024"]),
         ({"OUTBOX_RETRY_MAX_DELAY": -timedelta(hours=1)}, ["django_idempotency.E025"]),
         ({"OUTBOX_RETENTION": "7d"}, ["django_idempotency.E026"]),
+        ({"MAX_JSON_DEPTH": 0}, ["django_idempotency.E034"]),
+        ({"MAX_JSON_DEPTH": conf.DEEPEST_JSON + 1}, ["django_idempotency.E034"]),
+        ({"MAX_JSON_DEPTH": 31.0}, ["django_idempotency.E034"]),
+        ({"MAX_JSON_DEPTH": True}, ["django_idempotency.E034"]),
         ({"TIMEOUT": 1, "TTL": 0}, ["django_idempotency.E002", "django_idempotency.E006"]),
     ],
 )
@@ -104,6 +108,8 @@ def test_bad_settings(setting, expected):
         {"HEADER": "X-Idempotency-Key", "KEY_REQUIRED": False},
         {"INBOX_RUNNER": "celery", "INBOX_MAX_ATTEMPTS": 3, "INBOX_RETRY_DELAY": 5},
         {"OUTBOX_RUNNER": "celery", "OUTBOX_RETENTION": timedelta(days=1)},
+        {"MAX_JSON_DEPTH": 1},
+        {"MAX_JSON_DEPTH": conf.DEEPEST_JSON},
     ],
 )
 def test_good_settings(setting):
@@ -224,6 +230,48 @@ def test_the_project_wide_ignore_exceptions_is_django_redis_s_alone():
         DJANGO_REDIS_IGNORE_EXCEPTIONS=True,
     ):
         assert check_cache() == []
+
+
+@pytest.mark.parametrize(
+    ("vendor", "depth", "expected"),
+    [
+        ("mysql", 32, ["django_idempotency.W007"] * 2),  # both aliases: default and other
+        ("mysql", 64, ["django_idempotency.W007"] * 2),
+        ("mysql", 31, []),
+        ("mysql", None, []),  # the default
+        ("mysql", 0, []),  # E034's to report
+        ("postgresql", conf.DEEPEST_JSON, []),
+        ("sqlite", conf.DEEPEST_JSON, []),
+    ],
+)
+def test_a_json_depth_deeper_than_a_database_stores_is_warned_about(
+    monkeypatch, vendor, depth, expected
+):
+    from django.db import connections  # noqa: PLC0415
+
+    from django_idempotency.checks import check_json_depth  # noqa: PLC0415
+
+    for alias in connections:
+        monkeypatch.setattr(connections[alias], "vendor", vendor)
+    setting = {} if depth is None else {"MAX_JSON_DEPTH": depth}
+    with override_settings(IDEMPOTENCY=setting):
+        messages = check_json_depth()
+    assert ids(messages) == expected
+    assert all(f"IDEMPOTENCY['MAX_JSON_DEPTH'] is {depth}," in m.msg for m in messages)
+
+
+def test_only_a_mariadb_alias_is_warned_about(monkeypatch):
+    from django.db import connections  # noqa: PLC0415
+
+    from django_idempotency.checks import check_json_depth  # noqa: PLC0415
+
+    monkeypatch.setattr(connections["default"], "vendor", "postgresql")
+    monkeypatch.setattr(connections["other"], "vendor", "mysql")
+    with override_settings(IDEMPOTENCY={"MAX_JSON_DEPTH": 40}):
+        [warning] = check_json_depth()
+    assert warning.id == "django_idempotency.W007"
+    assert "'other' database refuses JSON nested deeper than 31 levels" in warning.msg
+    assert warning.hint == "Use 31 or less, or remove it to use the default, 31."
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,14 @@ def test_bad_anonymous_policy_names_the_setting():
 def test_a_non_dict_setting_reads_as_defaults():
     with override_settings(IDEMPOTENCY=["not", "a", "dict"]):
         assert timedelta(hours=24) == idempotency_settings.TTL
+
+
+def test_the_json_depth_is_read_live_and_a_bad_one_names_the_setting():
+    assert idempotency_settings.MAX_JSON_DEPTH == 31
+    with override_settings(IDEMPOTENCY={"MAX_JSON_DEPTH": 64}):
+        assert idempotency_settings.MAX_JSON_DEPTH == 64
+    with (
+        override_settings(IDEMPOTENCY={"MAX_JSON_DEPTH": 5000}),
+        pytest.raises(ImproperlyConfigured, match=r"MAX_JSON_DEPTH.*E034.*from 1 to 200"),
+    ):
+        _ = idempotency_settings.MAX_JSON_DEPTH

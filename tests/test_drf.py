@@ -8,12 +8,13 @@ import socket
 
 import pytest
 from django.core.cache import cache
+from django.db import connection
 from django.test import override_settings
 from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
-from django_idempotency.bodies import MAX_JSON_DEPTH
+from django_idempotency.conf import DEEPEST_JSON, DEFAULTS
 from django_idempotency.drf import JSONParser
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.store import replay_counts
@@ -21,6 +22,8 @@ from tests.conftest import ApiClient, basic_auth, send_chunked
 from tests.testapp.models import LedgerEntry, Payment
 
 pytestmark = pytest.mark.django_db
+
+MAX_JSON_DEPTH = DEFAULTS["MAX_JSON_DEPTH"]
 
 
 def problem(response) -> dict:
@@ -571,6 +574,46 @@ def test_a_json_body_nested_too_deeply_with_a_key_is_a_400_not_a_500(
     assert effects() == (0, 0, 0)
 
 
+def nested_metadata(depth: int) -> str:
+    """A payment whose body is ``depth`` levels deep: itself, its metadata and arrays."""
+    return '{"amount": 5, "metadata": {"a": ' + "[" * (depth - 2) + "]" * (depth - 2) + "}}"
+
+
+@pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+def test_json_deeper_than_mariadb_stores_with_a_key_is_a_400_on_every_database(
+    client_alice, key, path
+):
+    # MariaDB's JSON check refuses 32 levels: such a body reached its insert, and the
+    # IntegrityError was a 500. The default depth limit is what every database stores.
+    response = client_alice.send("POST", path, nested_metadata(40), key=key)
+
+    assert response.status_code == 400
+    body = problem(response)
+    assert body["code"] == "idempotency.body_invalid"
+    assert body["detail"] == f"The JSON body is nested deeper than {MAX_JSON_DEPTH} levels."
+    assert effects() == (0, 0, 0)
+    retry = client_alice.send("POST", path, nested_metadata(MAX_JSON_DEPTH), key=key)
+    assert retry.status_code == 201
+    assert effects() == (1, 1, 1)
+
+
+@pytest.mark.skipif(connection.vendor == "mysql", reason="MariaDB stores 31 levels at most")
+@pytest.mark.parametrize("path", ["/payments/", "/plain/"])
+def test_json_as_deep_as_the_setting_allows_is_stored_and_replayed(
+    client_alice, key, path, settings
+):
+    settings.IDEMPOTENCY = {"MAX_JSON_DEPTH": DEEPEST_JSON}
+    body = nested_metadata(DEEPEST_JSON)
+    first = client_alice.send("POST", path, body, key=key)
+    replay = client_alice.send("POST", path, body, key=key)
+
+    assert (first.status_code, replay["Idempotency-Status"]) == (201, "replayed")
+    assert replay.content == first.content
+    assert effects() == (1, 1, 1)
+    refused = client_alice.send("POST", path, nested_metadata(DEEPEST_JSON + 1), key=f"{key}-2")
+    assert problem(refused)["code"] == "idempotency.body_invalid"
+
+
 @pytest.mark.parametrize("path", ["/payments/", "/plain/"])
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_nan_or_an_infinity_with_a_key_is_a_400_and_the_corrected_retry_runs(
@@ -613,6 +656,13 @@ class TestJSONParser:
     def test_json_at_the_limit_is_parsed(self):
         response = self.post(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH)
         assert response.status_code == 200
+
+    def test_the_limit_follows_the_setting(self, settings):
+        settings.IDEMPOTENCY = {"MAX_JSON_DEPTH": 10}
+        assert self.post(b"[" * 10 + b"]" * 10).status_code == 200
+        response = self.post(b"[" * 11 + b"]" * 11)
+        assert response.status_code == 400
+        assert "deeper than 10 levels" in response.data["detail"]
 
     def test_other_errors_are_drf_parse_errors_as_before(self):
         response = self.post(b"{not json")

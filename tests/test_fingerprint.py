@@ -10,10 +10,11 @@ from django.test.client import encode_multipart
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.bodies import MAX_JSON_DEPTH
+from django_idempotency.conf import DEEPEST_JSON, DEFAULTS
 from django_idempotency.fingerprint import UnreadableBody, canonical_json, request_fingerprint
 
 factory = RequestFactory()
+MAX_JSON_DEPTH = DEFAULTS["MAX_JSON_DEPTH"]
 
 json_values = st.recursive(
     st.none()
@@ -139,5 +140,15 @@ def test_the_names_of_the_constants_are_still_text():
     assert fingerprint_of('{"a": "NaN"}') == fingerprint_of('{ "a":"NaN" }')
 
 
-def test_the_depth_limit_leaves_room_on_the_stack():
-    assert 32 <= MAX_JSON_DEPTH <= sys.getrecursionlimit() // 4
+@pytest.mark.parametrize("depth", [10, 64, DEEPEST_JSON])
+def test_the_depth_limit_follows_the_setting(settings, depth):
+    settings.IDEMPOTENCY = {"MAX_JSON_DEPTH": depth}
+
+    assert fingerprint_of(nested(depth)) == fingerprint_of(nested(depth).replace(b" ", b""))
+    with pytest.raises(UnreadableBody, match=f"deeper than {depth} levels"):
+        fingerprint_of(nested(depth + 1))
+
+
+def test_the_deepest_setting_leaves_room_on_the_stack():
+    # The request's own frames come first: parsing and canonicalizing recurse once per level.
+    assert sys.getrecursionlimit() // 4 >= DEEPEST_JSON

@@ -294,6 +294,23 @@ class TestWhatIsStored:
         assert corrected.status_code == 201
         assert Payment.objects.get().metadata == {"rate": 1.5}
 
+    def test_json_deeper_than_mariadb_stores_keeps_nothing_and_the_corrected_retry_runs(
+        self, client_alice, key
+    ):
+        # MariaDB's JSON check refuses 32 levels: such metadata reached its insert, and the
+        # IntegrityError was a 500. The default depth limit is what every database stores.
+        deep = {"amount": 5, "metadata": {"a": json.loads("[" * 38 + "]" * 38)}}
+        refused = client_alice.send("POST", "/api/payments/", deep, key=key)
+        assert refused.status_code == 400
+        assert problem(refused)["detail"] == "The JSON body is nested deeper than 31 levels."
+        assert effects() == (0, 0, 0)
+
+        corrected = client_alice.send(
+            "POST", "/api/payments/", {"amount": 5, "metadata": {"a": [[]]}}, key=key
+        )
+        assert corrected.status_code == 201
+        assert effects() == (1, 1, 1)
+
     def test_an_http_error_after_the_write_is_stored_and_replayed(self, client_alice, key):
         headers = {"X-Fail": "declined"}
         first = client_alice.send("POST", "/api/payments/", {"amount": 1}, key=key, headers=headers)

@@ -15,12 +15,12 @@ from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import problems, signals
 from django_idempotency.bodies import (
-    MAX_JSON_DEPTH,
     JSONNotStandard,
     JSONTooDeep,
     check_json_depth,
     length_unknown,
     load_json,
+    max_json_depth,
 )
 from django_idempotency.inbox.processing import Outcome
 from django_idempotency.inbox.receiving import receive
@@ -139,8 +139,9 @@ class WebhookReceiverView(View):
             )
         except (DataError, IntegrityError):
             # PostgreSQL refuses some valid JSON, such as "\u0000" in a string, and MariaDB's
-            # JSON check refuses nesting deeper than 31 levels: delivering it again would not
-            # help. (A duplicate is no IntegrityError: the insert does nothing then.)
+            # JSON check refuses nesting deeper than 31 levels (which a MAX_JSON_DEPTH above the
+            # default lets through, W007): delivering it again would not help. (A duplicate is
+            # no IntegrityError: the insert does nothing then.)
             return problems.problem_response(
                 problems.PAYLOAD_INVALID, "The payload cannot be stored."
             )
@@ -185,7 +186,7 @@ class WebhookReceiverView(View):
             # hashing the payload recurse through it.
             payload = check_json_depth(self.parse_payload(body))
         except (JSONTooDeep, RecursionError):
-            detail = f"The payload is nested deeper than {MAX_JSON_DEPTH} levels."
+            detail = f"The payload is nested deeper than {max_json_depth()} levels."
             raise _Refusal(problems.PAYLOAD_INVALID, detail) from None
         except JSONNotStandard as exc:
             raise _Refusal(problems.PAYLOAD_INVALID, f"The payload {exc}.") from None
