@@ -161,6 +161,30 @@ def test_metadata_must_be_an_object_even_from_a_form(alice):
     assert not Payment.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("metadata", "refused"),
+    [
+        ({"a": {"b": [[[[[[1]]]]]]}}, None),  # 8 levels
+        ({"a": {"b": [[[[[[[1]]]]]]]}}, "Must be nested at most 8 levels deep."),
+        ({"note": "x" * 8000}, None),
+        ({"note": "x" * 8200}, "Must be at most 8192 characters of JSON."),
+        ({"n\x00": 1}, "Must not hold NUL characters."),
+    ],
+)
+@pytest.mark.parametrize("path", ["/api/payments/", "/ninja/payments/"])
+def test_metadata_is_capped_in_depth_and_size(alice, path, metadata, refused):
+    data = {"amount": 100, "currency": "EUR", "metadata": metadata}
+    response = post(alice, path, data, f"metadata-{uuid.uuid4()}")
+
+    if refused is None:
+        assert response.status_code == 201
+        assert Payment.objects.get().metadata == metadata
+    else:
+        assert response.status_code == (400 if path.startswith("/api/") else 422)
+        assert refused in response.content.decode()
+        assert not Payment.objects.exists()
+
+
 @pytest.mark.parametrize("key", [None, "deep-json"])
 def test_deeply_nested_json_is_a_400_with_or_without_a_key(alice, key):
     created = post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "deep-create")

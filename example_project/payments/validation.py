@@ -7,7 +7,14 @@ write with a 500.
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+# A payment's metadata is a few labels, as Stripe's is: nothing comes near these bounds. They keep
+# it far inside what every database stores (MariaDB's JSON columns refuse 32 levels) whatever the
+# library's MAX_JSON_DEPTH lets through, and keep each payment row small.
+METADATA_MAX_DEPTH = 8  # {} is 1 level, {"a": []} 2
+METADATA_MAX_SIZE = 8 * 1024  # characters of its JSON
 
 
 def text_problem(text: str) -> str | None:
@@ -24,16 +31,20 @@ def text_problem(text: str) -> str | None:
 
 
 def metadata_problem(value: Any) -> str | None:
-    """Why a database cannot store the JSON ``value``, or ``None`` if it can."""
+    """Why the JSON ``value`` is not metadata the payments API keeps, or ``None`` if it is."""
     # With a stack of its own: the walk must not recurse through what a client nested.
-    stack = [value]
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
+        if isinstance(node, dict | list) and depth > METADATA_MAX_DEPTH:
+            return f"Must be nested at most {METADATA_MAX_DEPTH} levels deep."
         if isinstance(node, dict):
-            stack.extend(node.keys())
-            stack.extend(node.values())
+            stack.extend((key, depth) for key in node)
+            stack.extend((child, depth + 1) for child in node.values())
         elif isinstance(node, list):
-            stack.extend(node)
+            stack.extend((child, depth + 1) for child in node)
         elif isinstance(node, str) and (problem := text_problem(node)) is not None:
             return problem
+    if len(json.dumps(value, ensure_ascii=False)) > METADATA_MAX_SIZE:
+        return f"Must be at most {METADATA_MAX_SIZE} characters of JSON."
     return None
