@@ -271,7 +271,9 @@ class _ReadOnlyAdmin(_ModelAdmin):
             raise IncorrectLookupParameters
         return super().get_changelist_instance(request)
 
-    def response_action(self, request: HttpRequest, queryset: QuerySet[Any]) -> HttpResponse | None:
+    def response_action(
+        self, request: HttpRequest, queryset: QuerySet[Any], *args: Any, **kwargs: Any
+    ) -> HttpResponse | None:
         # Rows are selected by primary key. A value that cannot be one (a form made by hand)
         # would fail the action as it reads the rows: it selects nothing, and the action is
         # refused as Django refuses an empty selection.
@@ -289,7 +291,8 @@ class _ReadOnlyAdmin(_ModelAdmin):
                 messages.WARNING,
             )
             return None
-        return super().response_action(request, queryset)
+        # Django 6.1 passes where the action was chosen (action_location); later ones may pass more.
+        return super().response_action(request, queryset, *args, **kwargs)
 
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
