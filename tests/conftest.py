@@ -148,3 +148,17 @@ def unwritten_counts():
     yield replay_counts
     for counts in (replay_counts, delivery_counts):
         counts.discard()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def database_features_known(django_db_setup, django_db_blocker):
+    """Ask each test database once, at the start, what it supports.
+
+    From Django 6.1 the system checks (which Celery's worker also runs) ask every database
+    whether it stores JSON, and a test that may not reach one of them would fail for it.
+    """
+    from django.db import connections  # noqa: PLC0415
+
+    with django_db_blocker.unblock():
+        for alias in connections:
+            connections[alias].features.supports_json_field  # noqa: B018 - cached on first read

@@ -284,8 +284,9 @@ def test_the_sweep_command_says_what_the_hook_answered():
 def test_the_checks_refuse_a_wrong_reconcile_setting(settings, problem):
     from django.core.checks import run_checks  # noqa: PLC0415
 
+    # No database: from Django 6.1 the model checks would otherwise ask it what it supports.
     with override_settings(IDEMPOTENCY=settings):
-        ids = [message.id for message in run_checks()]
+        ids = [message.id for message in run_checks(databases=[])]
     assert problem in ids
 
 
