@@ -103,14 +103,30 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": BASE_DIR / "db.sqlite3",
-            # Seconds a writer waits for another writer's lock: SQLite runs one write
-            # transaction at a time, so concurrent duplicates queue here.
-            "OPTIONS": {"timeout": 20},
+            "OPTIONS": {
+                # SQLite runs one write transaction at a time. A transaction that begins as a
+                # reader and then writes fails at once ("database is locked") when another
+                # writer holds the lock; IMMEDIATE takes the lock as each transaction begins,
+                # so concurrent requests wait their turn instead.
+                "transaction_mode": "IMMEDIATE",
+                # Seconds a transaction waits for that turn.
+                "timeout": 20,
+            },
             # A file, not the in-memory default: the demo's concurrent story runs threads,
             # each with its own connection.
             "TEST": {"NAME": BASE_DIR / "test_db.sqlite3"},
-        }
+        },
+        # The stand-in provider's records, in a database of their own as a provider's are: a
+        # lease-mode view holds SQLite's write lock on "default" while it calls the provider.
+        # `manage.py migrate` (and the demo) migrate both.
+        "provider": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": BASE_DIR / "provider.sqlite3",
+            "OPTIONS": {"timeout": 20},
+            "TEST": {"NAME": BASE_DIR / "test_provider.sqlite3"},
+        },
     }
+DATABASE_ROUTERS = ["payments.provider.LedgerRouter"]
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

@@ -17,9 +17,14 @@ from django_idempotency.inbox import StripeSignature
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from django.db.models import Model
+
     from payments.models import ProviderCharge
 
 T = TypeVar("T")
+
+DATABASE = "provider"
+"""The alias of the provider's own database, where the project has one (on SQLite)."""
 
 # Both are environment knobs so that a test serving the project can make the provider slower
 # than a lease, before or after the money is taken.
@@ -38,6 +43,32 @@ def authorize(amount: int, currency: str) -> str:
     """
     time.sleep(LATENCY)
     return f"auth_{uuid.uuid4().hex[:16]}"
+
+
+class LedgerRouter:
+    """Keep the provider's records in its own database, where the project has one.
+
+    On SQLite a view in lease mode holds the database's one write lock while it calls the
+    provider; a provider writing to that same file would wait for the view, which waits for it.
+    Elsewhere (PostgreSQL, MariaDB) the records share the project's database.
+    """
+
+    def db_for_read(self, model: type[Model], **hints: Any) -> str | None:
+        return DATABASE if _is_ledger(model) and DATABASE in settings.DATABASES else None
+
+    db_for_write = db_for_read
+
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool | None:
+        if DATABASE not in settings.DATABASES:
+            return None
+        ledger = app_label == "payments" and model_name == "providercharge"
+        return ledger == (db == DATABASE)
+
+
+def _is_ledger(model: type[Model]) -> bool:
+    return model._meta.label == "payments.ProviderCharge"
 
 
 def _elsewhere(work: Callable[[], T]) -> T:

@@ -40,7 +40,7 @@ def post(client, path, data, key):
     )
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")  # the provider's, on SQLite
 def test_demo_runs_and_every_story_passes(capsys):
     call_command("demo")
 
@@ -60,7 +60,7 @@ def test_demo_runs_and_every_story_passes(capsys):
     assert b"testserver" not in bodies
 
 
-@pytest.mark.django_db(transaction=True)
+@pytest.mark.django_db(transaction=True, databases="__all__")
 def test_demo_says_the_port_is_taken_before_playing_a_story():
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
@@ -79,7 +80,8 @@ class Command(BaseCommand):
         if serve:
             ensure_free(port)  # before the stories: they take seconds, and change the database
         host = f"{ADDRESS}:{port}"
-        call_command("migrate", verbosity=0)
+        for database in settings.DATABASES:  # the project's, and the provider's own on SQLite
+            call_command("migrate", database=database, verbosity=0)
         self.ensure_users()
         database = connection.settings_dict["NAME"]
         name = Path(database).name if connection.vendor == "sqlite" else database
