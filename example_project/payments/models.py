@@ -121,8 +121,9 @@ class LedgerEntry(models.Model):
 class ProviderCharge(models.Model):
     """The card provider's own record of a charge: its side, not ours.
 
-    A real provider keeps these on its servers; the example keeps them in its database because
-    it has no other server. Like Stripe, the provider honours an idempotency key: charging twice
+    A real provider keeps these on its servers; the example keeps them in a database because it
+    has no other server: on SQLite one of their own (``provider.LedgerRouter``), elsewhere the
+    project's. Like Stripe, the provider honours an idempotency key: charging twice
     with one key returns the first charge.
     """
 
