@@ -51,6 +51,8 @@ def pytest_collection_modifyitems(config, items):
     # and MariaDB. A few look at what only PostgreSQL has.
     skip_server_db = pytest.mark.skip(reason="needs TEST_DATABASE=postgresql or mariadb")
     skip_postgresql = pytest.mark.skip(reason="needs PostgreSQL: TEST_DATABASE=postgresql")
+    # Tests on SQLite files of their own mean the same on every pass: they run in SQLite's.
+    skip_sqlite = pytest.mark.skip(reason="runs in the SQLite pass (TEST_DATABASE unset)")
     # Redis tests need a Redis on 127.0.0.1:6379; in CI a missing one is a failure.
     skip_redis = None if CI or redis_reachable() else pytest.mark.skip(reason="needs Redis")
     for item in items:
@@ -58,6 +60,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_server_db)
         if "postgresql" in item.keywords and not POSTGRESQL:
             item.add_marker(skip_postgresql)
+        if "sqlite" in item.keywords and (POSTGRESQL or MARIADB):
+            item.add_marker(skip_sqlite)
         if "redis" in item.keywords and skip_redis is not None:
             item.add_marker(skip_redis)
 

@@ -1,4 +1,5 @@
-"""Fixtures of the fault tests: the served project's database, the server, a Redis.
+"""Fixtures of the fault tests: the served project's database (PostgreSQL, or a SQLite file), the
+server, a Redis.
 
 Each test starts the servers it needs, with its own knobs, on a database emptied for it; they
 are stopped when it ends, and their logs are shown with its failure.
@@ -11,15 +12,19 @@ from importlib.util import find_spec
 
 import pytest
 
-from tests.blackbox.harness import Database, Redis, Server, environment
+from tests.blackbox.harness import Database, Redis, Server, SQLiteDatabase, environment
 
 LOGS = pytest.StashKey[list]()
 
 
-@pytest.fixture(scope="session")
-def example_database():
+def needs_gunicorn() -> None:
     if find_spec("gunicorn") is None:
         pytest.fail("the fault tests serve the example project with gunicorn: install it")
+
+
+@pytest.fixture(scope="session")
+def example_database():
+    needs_gunicorn()
     database = Database(os.environ.get("TEST_PG_NAME", "django_idempotency") + "_blackbox")
     database.create(environment(database))
     yield database
@@ -32,9 +37,23 @@ def database(example_database):
     return example_database
 
 
+@pytest.fixture(scope="session")
+def example_sqlite_database(tmp_path_factory):
+    needs_gunicorn()
+    database = SQLiteDatabase(tmp_path_factory.mktemp("sqlite") / "example.sqlite3")
+    database.create(environment(database))
+    yield database
+    database.drop()
+
+
 @pytest.fixture
-def serve(database, request, tmp_path):
-    """Start the example project under gunicorn, with environment knobs; return the server."""
+def sqlite_database(example_sqlite_database):
+    example_sqlite_database.empty()
+    return example_sqlite_database
+
+
+def _servers(database, request, tmp_path):
+    """Start the example project under gunicorn on ``database``, with environment knobs."""
     started = []
 
     def start(**knobs: str) -> Server:
@@ -47,6 +66,18 @@ def serve(database, request, tmp_path):
     yield start
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def serve(database, request, tmp_path):
+    """Start the example project under gunicorn, with environment knobs; return the server."""
+    yield from _servers(database, request, tmp_path)
+
+
+@pytest.fixture
+def serve_sqlite(sqlite_database, request, tmp_path):
+    """As ``serve``, on a SQLite file of the session's own."""
+    yield from _servers(sqlite_database, request, tmp_path)
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
-"""The example project served by gunicorn on a PostgreSQL database of its own, and what the
-fault tests need around it: an HTTP client that can send what well-behaved clients do not, the
-effects counted in the database, and a Redis to freeze.
+"""The example project served by gunicorn on a database of its own (PostgreSQL, or a SQLite
+file), and what the fault tests need around it: an HTTP client that can send what well-behaved
+clients do not, the effects counted in the database, and a Redis to freeze.
 
 Every process started here is stopped by whoever started it; every wait has a bound.
 """
@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -69,6 +70,11 @@ class Database:
         credentials = f"{user}:{password}" if password else user
         self.url = f"postgres://{credentials}@{host}:{port}/{name}"
         self.admin_url = f"postgres://{credentials}@{host}:{port}/postgres"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """What tells the served project's settings to use this database."""
+        return {"DATABASE_URL": self.url}
 
     def create(self, env: dict[str, str]) -> None:
         """Create the database anew, migrate it and add the user the tests authenticate as."""
@@ -139,18 +145,87 @@ class Database:
         return sum(1 for (terminated,) in rows if terminated)
 
 
-def environment(database: Database, **knobs: str) -> dict[str, str]:
-    """The served project's environment: the test's PostgreSQL database and the given knobs."""
+class SQLiteDatabase:
+    """The served project's SQLite file (and its provider's, if the project has that alias):
+    created, migrated, read, emptied."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.aliases: list[str] = []  # the served project's databases, once created
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """What tells the served project's settings to use this file (see server_settings)."""
+        return {"BLACKBOX_SQLITE_PATH": str(self.path)}
+
+    @property
+    def files(self) -> list[Path]:
+        extra = [Path(f"{self.path}-provider")] if "provider" in self.aliases else []
+        return [self.path, *extra]
+
+    def create(self, env: dict[str, str]) -> None:
+        """Create the files anew, migrate each database, add the user the tests sign in as."""
+        self.drop()
+        setup = (
+            "from django.conf import settings\n"
+            "from django.contrib.auth.models import User\n"
+            "from django.core.management import call_command\n"
+            "for alias in settings.DATABASES:\n"
+            "    call_command('migrate', database=alias, verbosity=0)\n"
+            f"User.objects.create_user({USERNAME!r}, password={PASSWORD!r})\n"
+            "print(' '.join(settings.DATABASES))\n"
+        )
+        self.aliases = manage(env, "shell", "--verbosity", "0", "-c", setup).split()
+
+    def drop(self) -> None:
+        for path in (self.path, Path(f"{self.path}-provider")):
+            for name in (path, Path(f"{path}-journal"), Path(f"{path}-wal"), Path(f"{path}-shm")):
+                name.unlink(missing_ok=True)
+
+    def execute(
+        self, statement: str, params: tuple[Any, ...] = (), *, path: Path | None = None
+    ) -> list[tuple[Any, ...]]:
+        connection = sqlite3.connect(path or self.path, timeout=REQUEST_TIMEOUT)
+        try:
+            with connection:
+                return connection.execute(statement, params).fetchall()
+        finally:
+            connection.close()
+
+    def empty(self) -> None:
+        """Delete every payment, key, inbox event and outbox message; keep the user."""
+        for path in self.files:
+            tables = [
+                name
+                for (name,) in self.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                    "(name LIKE 'payments\\_%' ESCAPE '\\' "
+                    "OR name LIKE 'django\\_idempotency\\_%' ESCAPE '\\')",
+                    path=path,
+                )
+            ]
+            for table in tables:
+                self.execute(f'DELETE FROM "{table}"', path=path)  # noqa: S608 - the project's own tables
+            self.execute(
+                f"DELETE FROM sqlite_sequence WHERE name IN ({', '.join('?' * len(tables))})",  # noqa: S608 - placeholders
+                tuple(tables),
+                path=path,
+            )
+
+
+def environment(database: Database | SQLiteDatabase, **knobs: str) -> dict[str, str]:
+    """The served project's environment: the test's database and the given knobs."""
     env = {
         name: value
         for name, value in os.environ.items()
         # The project's own switches: a broker would move the inbox and outbox off the request.
-        if name not in {"CELERY_BROKER_URL", "DEBUG"} and not name.startswith("EXAMPLE_")
+        if name not in {"CELERY_BROKER_URL", "DEBUG", "DATABASE_URL", "PAYMENT_EVENTS_URL"}
+        and not name.startswith(("EXAMPLE_", "BLACKBOX_"))
     }
     env.update(
         DJANGO_SETTINGS_MODULE="tests.blackbox.server_settings",
         PYTHONPATH=os.pathsep.join([str(ROOT), str(EXAMPLE)]),
-        DATABASE_URL=database.url,
+        **database.settings,
         PROVIDER_WEBHOOK_SECRETS=PROVIDER_SECRET,
         PAYMENT_EVENTS_SECRETS=PAYMENT_EVENTS_SECRET,
         PYTHONUNBUFFERED="1",
@@ -300,8 +375,9 @@ class Server(Process):
         if _gunicorn_has_control_socket():
             # Its default path is one per user, shared with every other gunicorn of theirs.
             command.append("--no-control-socket")
-        # The outbox sends the payment events back to this server's inbox, as to another service.
-        env = {**env, "PAYMENT_EVENTS_URL": f"http://127.0.0.1:{self.port}/webhooks/payments/"}
+        # The outbox sends the payment events back to this server's inbox, as to another service,
+        # unless the test gives it another address.
+        env = {"PAYMENT_EVENTS_URL": f"http://127.0.0.1:{self.port}/webhooks/payments/", **env}
         super().__init__(command, env=env, log=log, cwd=ROOT)
         self.env = env
 

@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+import os
+
 from example_project.settings import *  # noqa: F403
+
+# A SQLite file of the test's own (the provider's ledger, if the project keeps one, beside it),
+# in the transaction mode the test asks for: SQLite's own, DEFERRED, unless one is named.
+if sqlite_path := os.environ.get("BLACKBOX_SQLITE_PATH"):
+    DATABASES["default"]["NAME"] = sqlite_path  # noqa: F405
+    if "provider" in DATABASES:  # noqa: F405
+        DATABASES["provider"]["NAME"] = f"{sqlite_path}-provider"  # noqa: F405
+    options = DATABASES["default"].setdefault("OPTIONS", {})  # noqa: F405
+    if mode := os.environ.get("BLACKBOX_SQLITE_TRANSACTION_MODE"):
+        options["transaction_mode"] = mode
+    else:
+        options.pop("transaction_mode", None)
 
 # A 500 must look like one, not like Django's debug page.
 DEBUG = False
