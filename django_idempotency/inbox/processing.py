@@ -36,6 +36,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
+from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -121,7 +122,7 @@ def _take_due(now: datetime, limit: int, using: str) -> tuple[list[int], datetim
     """Take up to ``limit`` due events; return their ids and when they stop being ours."""
     events = InboxEvent.objects.using(using)
     taken_until = now + DISPATCH_GRACE
-    with transaction.atomic(using=using):
+    with write_transaction(InboxEvent, using):
         due = events.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
         pks = list(due.order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
         # Not due again until its attempt starts: a second run, or a worker's long queue, does
@@ -158,7 +159,7 @@ def process(
 
 def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
     max_attempts = idempotency_settings.INBOX_MAX_ATTEMPTS
-    with transaction.atomic(using=using):
+    with write_transaction(InboxEvent, using):
         events = InboxEvent.objects.using(using)
         event = (
             events.select_for_update(skip_locked=True)
@@ -213,7 +214,7 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
     handler = get_handler(event.source, event.event_type)
     started = time.monotonic()
     error: Exception | None = None
-    with transaction.atomic(using=using):
+    with write_transaction(InboxEvent, using):
         mine = (
             InboxEvent.objects.using(using)
             # The lock is this attempt's sign of life. Where duplicate deliveries lock the row
@@ -359,7 +360,7 @@ def retry_now(events: QuerySet[InboxEvent]) -> list[int]:
 def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
     """Stop retrying the unprocessed among ``events``; return their ids."""
     using = router.db_for_write(InboxEvent)
-    with transaction.atomic(using=using):
+    with write_transaction(InboxEvent, using):
         rows = list(
             events.using(using)
             .select_for_update(skip_locked=True)
@@ -379,7 +380,7 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     now = timezone.now()
     # The "database" runner's workers take the events, due at once, rather than this process.
     to_workers = idempotency_settings.INBOX_RUNNER == "database"
-    with transaction.atomic(using=using):
+    with write_transaction(InboxEvent, using):
         # A locked event is mid-attempt: skipping it leaves that attempt to finish.
         rows = list(
             events.using(using)

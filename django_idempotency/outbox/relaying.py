@@ -31,6 +31,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
+from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -239,7 +240,7 @@ def _claim(
         .order_by("next_attempt_at", "pk")
     )
     max_attempts = idempotency_settings.OUTBOX_MAX_ATTEMPTS
-    with transaction.atomic(using=using):
+    with write_transaction(OutboxMessage, using):
         claimed = list(due[:limit])
         # Every attempt was claimed and none recorded an outcome: its relay died each time.
         spent = [message for message in claimed if message.attempts >= max_attempts]
@@ -359,7 +360,7 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     A message that a relay is sending at that moment may be sent twice.
     """
     using = router.db_for_write(OutboxMessage)
-    with transaction.atomic(using=using):
+    with write_transaction(OutboxMessage, using):
         rows = list(
             messages.using(using)
             .select_for_update(skip_locked=True)
