@@ -31,14 +31,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import rfc8785
 from django import db
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import router, transaction
 from django.utils import timezone
 
-from django_idempotency import _optional, correlation, signals
+from django_idempotency import _optional, canonical, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
 from django_idempotency.engine import ROUTE_LENGTH, _fit_scope
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
@@ -213,17 +212,8 @@ def _as_key(value: Any) -> str:
 
 
 def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """SHA-256 of the task's arguments as canonical JSON (RFC 8785): key order does not count."""
-    value: Any = {"args": list(args), "kwargs": kwargs}
-    try:
-        canonical = rfc8785.dumps(value)
-    except (TypeError, ValueError, rfc8785.CanonicalizationError):
-        # Arguments RFC 8785 cannot represent (integers beyond 2**53; a pickle serializer's
-        # objects): sorted JSON, with Django's encoder for dates, decimals and UUIDs.
-        canonical = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), cls=DjangoJSONEncoder, default=repr
-        ).encode()
-    return hashlib.sha256(canonical).hexdigest()
+    """SHA-256 of the task's arguments as canonical JSON: key order does not count."""
+    return canonical.sha256({"args": list(args), "kwargs": kwargs})
 
 
 class TaskRun:

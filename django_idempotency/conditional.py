@@ -49,7 +49,7 @@ def etag_for_version(version: object) -> str:
 def etag_for_content(content: bytes) -> str:
     """Return a strong ETag for a representation's content.
 
-    JSON is put in its RFC 8785 canonical form first, so the ETag does not change with key order
+    JSON is put in its canonical form first, so the ETag does not change with key order
     or whitespace, nor between renderers that serialize the same data differently.
     """
     canonical = canonical_json(content)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from typing import TYPE_CHECKING
 
-import rfc8785
 from django.http.multipartparser import MultiPartParserError
 
+from django_idempotency import canonical
 from django_idempotency.bodies import UnfitJSON, length_unknown, load_json
 
 if TYPE_CHECKING:
@@ -38,20 +38,19 @@ class _Digest:
 
 
 def _canonical(body: bytes) -> bytes | None:
-    """The RFC 8785 form of a JSON body; ``None`` if it is not canonicalizable JSON; raise
-    ``UnfitJSON`` if it is JSON that the library does not pass on (too deep, or not standard)."""
+    """The canonical form of a JSON body; ``None`` if it is not JSON; raise ``UnfitJSON`` if it
+    is JSON that the library does not pass on (too deep, or not standard)."""
     try:
-        return rfc8785.dumps(load_json(body))
+        document = load_json(body)
     except UnfitJSON:
         raise
-    except (ValueError, TypeError, rfc8785.CanonicalizationError):
-        # Not JSON, or JSON that RFC 8785 cannot represent (such as integers beyond 2**53):
-        # the raw bytes are then the fingerprint.
-        return None
+    except (ValueError, TypeError):
+        return None  # not JSON: the raw bytes are then the fingerprint
+    return canonical.dumps(document)
 
 
 def canonical_json(body: bytes) -> bytes | None:
-    """Return the RFC 8785 form of a JSON body, or ``None`` if it is not canonicalizable JSON."""
+    """Return the canonical form of a JSON body, or ``None`` if it is not JSON the library takes."""
     try:
         return _canonical(body)
     except UnfitJSON:

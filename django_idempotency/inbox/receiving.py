@@ -11,19 +11,16 @@ runner's workers are to take it: then recording is all the request does.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
-import rfc8785
 from django import db
 from django.db import connections, models, router, transaction
 from django.utils import timezone
 
-from django_idempotency import correlation, signals
+from django_idempotency import canonical, correlation, signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.counting import Count, DeferredCounts
 from django_idempotency.inbox.processing import (
@@ -54,13 +51,8 @@ class Receipt:
 
 
 def payload_hash(payload: Any) -> str:
-    """SHA-256 of ``payload``'s canonical JSON (RFC 8785), so key order does not matter."""
-    try:
-        canonical = rfc8785.dumps(payload)
-    except rfc8785.CanonicalizationError:
-        # RFC 8785 refuses integers beyond 2**53, which some senders use as ids.
-        canonical = json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(canonical).hexdigest()
+    """SHA-256 of ``payload``'s canonical JSON, so key order does not matter."""
+    return canonical.sha256(payload)
 
 
 def receive(
