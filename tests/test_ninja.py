@@ -20,7 +20,7 @@ from ninja.security import APIKeyHeader, HttpBasicAuth
 
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.ninja import idempotent
-from tests.conftest import ApiClient
+from tests.conftest import ApiClient, send_chunked
 from tests.test_store import start, wait_for_key_insert
 from tests.testapp import provider
 from tests.testapp.models import Charge, LedgerEntry, Payment
@@ -293,6 +293,16 @@ class TestWhatIsStored:
         )
         assert corrected.status_code == 201
         assert Payment.objects.get().metadata == {"rate": 1.5}
+
+    def test_a_body_without_content_length_is_refused_before_the_key_is_claimed(self, key):
+        # Without Content-Length Django reads no body. An operation that parses one refuses
+        # the empty body itself (Ninja's 422); one that does not gets to the fingerprint.
+        headers = {"Idempotency-Key": key}
+        response = send_chunked(ApiClient(), "PATCH", "/api/notes/", b"{}", headers=headers)
+        assert response.status_code == 411
+        assert problem(response)["code"] == "idempotency.length_required"
+        assert not IdempotencyKey.objects.exists()
+        assert not Payment.objects.exists()
 
     def test_json_deeper_than_mariadb_stores_keeps_nothing_and_the_corrected_retry_runs(
         self, client_alice, key
