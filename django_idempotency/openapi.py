@@ -3,9 +3,9 @@
 Loaded by the app when drf-spectacular is installed; nothing to configure. Every operation of a
 view with ``IdempotentMixin`` whose method the view protects gets the ``Idempotency-Key`` header
 parameter (required or optional as the view says, with the key's format and lifetime), the
-``400``, ``409``, ``422`` and ``503`` problem answers (and ``403`` when anonymous keys are
-rejected), and the ``Idempotency-Status`` and ``Idempotent-Replayed`` headers on its success
-answers. A view with ``ConditionalMixin`` gets ``If-Match`` on ``PUT``, ``PATCH`` and
+``400``, ``409``, ``411``, ``422`` and ``503`` problem answers (and ``403`` when anonymous
+keys are rejected), and the ``Idempotency-Status`` and ``Idempotent-Replayed`` headers on its
+success answers. A view with ``ConditionalMixin`` gets ``If-Match`` on ``PUT``, ``PATCH`` and
 ``DELETE``, ``If-None-Match`` on ``GET``, the ``ETag`` header, and the ``304``, ``412`` and
 ``428`` answers.
 """
@@ -22,90 +22,46 @@ with _optional.requires("openapi", __name__):
     from drf_spectacular.extensions import OpenApiViewExtension
     from drf_spectacular.plumbing import ResolvedComponent, get_class
 
-from django_idempotency import problems
+from django_idempotency._openapi_contract import (
+    PROBLEM_MEDIA_TYPE,
+    PROBLEM_NAME,
+    PROBLEM_SCHEMA,
+    SUCCESS_HEADERS,
+    Answer,
+    answers,
+    header_parameter,
+    key_parameter,
+    problem_response,
+)
 from django_idempotency.conditional import CONDITIONAL_METHODS
-from django_idempotency.conf import idempotency_settings
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
-from django_idempotency.keys import MAX_LENGTH
-from django_idempotency.responses import REPLAYED_HEADER, STATUS_HEADER
 
 if TYPE_CHECKING:
-    from datetime import timedelta
+    from collections.abc import Iterable
 
     from drf_spectacular.openapi import AutoSchema
     from rest_framework.views import APIView
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
+__all__ = ["PROBLEM_MEDIA_TYPE", "IdempotencySchemaExtension", "document"]
 
+# A component, as drf-spectacular shares a schema. Its code has no enum: drf-spectacular would
+# turn it into a "CodeEnum" component, a name that the project's own serializers may use.
 _PROBLEM = ResolvedComponent(  # type: ignore[no-untyped-call]
-    name="IdempotencyProblem",
+    name=PROBLEM_NAME,
     type=ResolvedComponent.SCHEMA,
     object="django_idempotency.problems.Problem",
-    schema={
-        "type": "object",
-        "description": "An error of RFC 9457, with a stable code.",
-        "properties": {
-            "type": {"type": "string", "format": "uri"},
-            "title": {"type": "string"},
-            "status": {"type": "integer"},
-            "detail": {"type": "string"},
-            # No enum: drf-spectacular would turn it into a "CodeEnum" component, a name that
-            # the project's own serializers may use.
-            "code": {
-                "type": "string",
-                "description": "The stable error code: " + ", ".join(sorted(problems.BY_CODE)),
-            },
-        },
-        "required": ["type", "title", "status", "detail", "code"],
-    },
+    schema=PROBLEM_SCHEMA,
 )
 
-_IDEMPOTENCY_ANSWERS = {
-    "400": (
-        "The idempotency key is missing or malformed "
-        "(`idempotency.key_missing`, `idempotency.key_invalid`), or the body cannot be read "
-        "to fingerprint the request (`idempotency.body_invalid`)."
-    ),
-    "411": (
-        "A request with a key and a body must give the body's length in `Content-Length` "
-        "(`idempotency.length_required`)."
-    ),
-    "409": (
-        "A request with this key is still in progress (`idempotency.in_progress`); "
-        "retry with the same key after `Retry-After` seconds."
-    ),
-    "422": (
-        "The key was used with a different request (`idempotency.payload_mismatch`); "
-        "a new operation needs a new key."
-    ),
-    "503": (
-        "The database could not complete the request (`idempotency.unavailable`); "
-        "retry with the same key after `Retry-After` seconds."
-    ),
-}
-_ANONYMOUS_ANSWER = {
-    "403": (
-        "The request has a key but no authenticated user (`idempotency.anonymous_rejected`); "
-        "authenticate, then retry with the same key."
-    ),
-}
-_RETRY_AFTER = {
-    "Retry-After": {
-        "description": "Seconds to wait before retrying with the same key.",
-        "schema": {"type": "integer", "minimum": 0},
-    }
-}
-# A bare key, as keys.parse_key accepts it: visible ASCII (RFC 5234 VCHAR). The draft's quoted
-# form ("abc") names the same key with two more characters.
-_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH, "pattern": "^[!-~]+$"}
-_CONDITIONAL_ANSWERS = {
-    "400": "The If-Match header is malformed (`precondition.invalid`).",
-    "412": (
+_CONDITIONAL_ANSWERS = (
+    Answer(400, "The If-Match header is malformed (`precondition.invalid`)."),
+    Answer(
+        412,
         "The resource changed since the given ETag (`precondition.failed`); "
-        "the ETag header has the current one."
+        "the ETag header has the current one.",
     ),
-    "428": "This request needs an If-Match header (`precondition.required`).",
-}
+    Answer(428, "This request needs an If-Match header (`precondition.required`)."),
+)
 
 
 class IdempotencySchemaExtension(OpenApiViewExtension):  # type: ignore[no-untyped-call]
@@ -152,42 +108,9 @@ def document(operation: dict[str, Any], view: APIView, method: str, registry: An
             warn(f"cannot document the idempotency of {type(view).__name__}: {exc}")
             policy = None
         if policy is not None and method in policy.methods:
-            _add_parameter(
-                operation,
-                idempotency_settings.HEADER,
-                required=policy.required,
-                description=(
-                    "A unique value for each logical operation, sent again with each retry: a "
-                    "retry gets the first answer back, and the operation runs once. "
-                    f"1 to {MAX_LENGTH} visible ASCII characters, such as a UUID; a bare key "
-                    "has no comma. The key is kept for "
-                    f"{_duration(policy.ttl)} after its first request; after that, the same key "
-                    "runs the operation again."
-                ),
-                schema=_KEY_SCHEMA,
-                # The IETF draft asks a resource to publish its key's expiry policy; the
-                # description says it to people, this says it to programs.
-                extensions={"x-idempotency-key-ttl-seconds": int(policy.ttl.total_seconds())},
-            )
-            answers = dict(_IDEMPOTENCY_ANSWERS)
-            if idempotency_settings.ANONYMOUS == "reject":
-                answers.update(_ANONYMOUS_ANSWER)
-            _add_problems(operation, answers)
-            for status in ("409", "503"):
-                operation["responses"][status].setdefault("headers", {}).update(_RETRY_AFTER)
-            _add_success_headers(
-                operation,
-                {
-                    STATUS_HEADER: {
-                        "description": "`stored` for a first answer, `replayed` for a replay.",
-                        "schema": {"type": "string", "enum": ["stored", "replayed"]},
-                    },
-                    REPLAYED_HEADER: {
-                        "description": "`true` when the answer is a replay.",
-                        "schema": {"type": "string", "enum": ["true"]},
-                    },
-                },
-            )
+            _add_parameter(operation, key_parameter(policy))
+            _add_problems(operation, answers())
+            _add_success_headers(operation, SUCCESS_HEADERS)
     if isinstance(view, ConditionalMixin):
         _document_conditional(operation, view, method)
 
@@ -197,78 +120,56 @@ def _document_conditional(operation: dict[str, Any], view: ConditionalMixin, met
         "ETag": {"description": "The resource's current strong ETag.", "schema": {"type": "string"}}
     }
     if method in CONDITIONAL_METHODS:
-        _add_parameter(
-            operation,
+        if_match = header_parameter(
             "If-Match",
             required=view.precondition_required,
             description="The ETag of the version you read: the change applies only to that one.",
             schema={"type": "string"},
         )
-        answers = dict(_CONDITIONAL_ANSWERS)
-        if not view.precondition_required:
-            del answers["428"]
-        _add_problems(operation, answers)
+        _add_parameter(operation, if_match)
+        _add_problems(
+            operation,
+            (
+                answer
+                for answer in _CONDITIONAL_ANSWERS
+                if answer.status != 428 or view.precondition_required
+            ),
+        )
         operation["responses"]["412"]["headers"] = etag
         if method != "DELETE":
             _add_success_headers(operation, etag)
     elif method == "GET":
-        _add_parameter(
-            operation,
+        if_none_match = header_parameter(
             "If-None-Match",
             required=False,
             description="The ETag you hold: an unchanged resource answers 304, without a body.",
             schema={"type": "string"},
         )
+        _add_parameter(operation, if_none_match)
         operation["responses"].setdefault(
             "304", {"description": "Not modified: the ETag still matches.", "headers": etag}
         )
         _add_success_headers(operation, etag)
 
 
-def _duration(ttl: timedelta) -> str:
-    """``ttl`` in the largest unit that says it exactly: "24 hours", "90 minutes"."""
-    seconds = int(ttl.total_seconds())
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        # Under two days in hours, as the settings speak of "24 hours".
-        if seconds % size == 0 and seconds >= size * (2 if unit == "day" else 1):
-            count = seconds // size
-            return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{seconds} second{'s' if seconds != 1 else ''}"
-
-
-def _add_parameter(
-    operation: dict[str, Any],
-    name: str,
-    *,
-    required: bool,
-    description: str,
-    schema: Any,
-    extensions: dict[str, Any] | None = None,
-) -> None:
+def _add_parameter(operation: dict[str, Any], parameter: dict[str, Any]) -> None:
     parameters = operation.setdefault("parameters", [])
-    if any(
-        p.get("in") == "header" and p.get("name", "").lower() == name.lower() for p in parameters
-    ):
+    name = parameter["name"].lower()
+    if any(p.get("in") == "header" and p.get("name", "").lower() == name for p in parameters):
         return  # documented by the view already
-    parameters.append(
-        {
-            "in": "header",
-            "name": name,
-            "required": required,
-            "description": description,
-            "schema": schema,
-            **(extensions or {}),
-        }
-    )
+    parameters.append(parameter)
 
 
-def _add_problems(operation: dict[str, Any], answers: dict[str, str]) -> None:
+def _add_problems(operation: dict[str, Any], answers: Iterable[Answer]) -> None:
     responses = operation.setdefault("responses", {})
-    for status, description in answers.items():
-        response = responses.setdefault(status, {"description": description})
+    for answer in answers:
+        ours = problem_response(answer, _PROBLEM.ref)
         # A status the view documents already (a 400 for invalid data) keeps its description
-        # and gains the problem media type.
-        response.setdefault("content", {})[PROBLEM_MEDIA_TYPE] = {"schema": _PROBLEM.ref}
+        # and gains the problem media type, and our headers.
+        response = responses.setdefault(str(answer.status), {"description": ours["description"]})
+        response.setdefault("content", {}).update(ours["content"])
+        if "headers" in ours:
+            response.setdefault("headers", {}).update(ours["headers"])
 
 
 def _add_success_headers(operation: dict[str, Any], headers: dict[str, Any]) -> None:

@@ -37,3 +37,10 @@ def test_celery_is_imported_by_the_two_modules_built_on_it(graph):
     adapter = f"{PACKAGE}.celery"
     assert graph.find_modules_that_directly_import("celery") == {f"{PACKAGE}._celery", adapter}
     assert graph.find_downstream_modules(adapter) == set()
+
+
+def test_the_openapi_contract_imports_neither_framework(graph):
+    # The DRF and Ninja schemas both render it, and each framework is an optional extra.
+    imported = graph.find_upstream_modules(f"{PACKAGE}._openapi_contract")
+    assert imported.isdisjoint({"rest_framework", "drf_spectacular", "ninja"})
+    assert f"{PACKAGE}.conf" in imported  # the graph does see what it imports
