@@ -17,6 +17,7 @@ business ``4xx`` is stored and replayed like any other answer. The operation doc
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from functools import partial, wraps
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
@@ -33,21 +34,24 @@ with _optional.requires("ninja", __name__):
     from ninja.utils import contribute_operation_callback
 
 from django_idempotency import problems
+from django_idempotency._openapi_contract import (
+    PROBLEM_MEDIA_TYPE,
+    PROBLEM_NAME,
+    PROBLEM_SCHEMA,
+    SUCCESS_HEADERS,
+    Answer,
+    answers,
+    key_parameter,
+    problem_response,
+)
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Engine, default_engine
-from django_idempotency.keys import MAX_LENGTH
 from django_idempotency.policy import Policy, check_option_names
-from django_idempotency.responses import (
-    DATABASE_UNAVAILABLE,
-    REPLAYED_HEADER,
-    STATUS_HEADER,
-    unavailable_response,
-)
+from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
 from django_idempotency.scope import default_scope, get_principal
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from datetime import timedelta
     from typing import Unpack
 
     from django.http import HttpRequest
@@ -61,63 +65,20 @@ if TYPE_CHECKING:
 # router mounted twice runs two copies of one operation, each with its own API.
 _OPERATION = "_django_idempotency_ninja_operation"
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
+__all__ = ["PROBLEM_MEDIA_TYPE", "idempotency_extra", "idempotent", "ninja_scope", "principal"]
 
+# Inline, as an operation's openapi_extra cannot add a component: named by its title. Its codes
+# are in an enum too, which Ninja leaves inline (drf-spectacular would make it a component).
 _PROBLEM_SCHEMA = {
-    "type": "object",
-    "title": "IdempotencyProblem",
-    "description": "An error of RFC 9457, with a stable code.",
+    **PROBLEM_SCHEMA,
+    "title": PROBLEM_NAME,
     "properties": {
-        "type": {"type": "string", "format": "uri"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-        "code": {"type": "string", "enum": sorted(problems.BY_CODE)},
-    },
-    "required": ["type", "title", "status", "detail", "code"],
-}
-# By status as Ninja's schema has them, so that ours and the operation's own merge.
-_ANSWERS = {
-    400: (
-        "The idempotency key is missing or malformed "
-        "(`idempotency.key_missing`, `idempotency.key_invalid`)."
-    ),
-    409: (
-        "A request with this key is still in progress (`idempotency.in_progress`); "
-        "retry with the same key after `Retry-After` seconds."
-    ),
-    422: (
-        "The key was used with a different request (`idempotency.payload_mismatch`); "
-        "a new operation needs a new key. Ninja answers 422 to invalid input too, before "
-        "the key is claimed."
-    ),
-    503: (
-        "The database could not complete the request (`idempotency.unavailable`); "
-        "retry with the same key after `Retry-After` seconds."
-    ),
-}
-_ANONYMOUS_ANSWER = (
-    "The request has a key but no authenticated user (`idempotency.anonymous_rejected`); "
-    "authenticate, then retry with the same key."
-)
-_RETRY_AFTER = {
-    "Retry-After": {
-        "description": "Seconds to wait before retrying with the same key.",
-        "schema": {"type": "integer", "minimum": 0},
-    }
-}
-# A bare key, as keys.parse_key accepts it: visible ASCII (RFC 5234 VCHAR).
-_KEY_SCHEMA = {"type": "string", "minLength": 1, "maxLength": MAX_LENGTH, "pattern": "^[!-~]+$"}
-_SUCCESS_HEADERS = {
-    STATUS_HEADER: {
-        "description": "`stored` for a first answer, `replayed` for a replay.",
-        "schema": {"type": "string", "enum": ["stored", "replayed"]},
-    },
-    REPLAYED_HEADER: {
-        "description": "`true` when the answer is a replay.",
-        "schema": {"type": "string", "enum": ["true"]},
+        **PROBLEM_SCHEMA["properties"],
+        "code": {**PROBLEM_SCHEMA["properties"]["code"], "enum": sorted(problems.BY_CODE)},
     },
 }
+# Ninja answers 422 itself to input its schema refuses: our 422's description says so.
+_NINJA_422 = " Ninja answers 422 to invalid input too, before the key is claimed."
 
 
 @overload
@@ -365,43 +326,17 @@ def idempotency_extra(policy: Policy, operation: Operation) -> dict[str, Any]:
     """The OpenAPI fragment for an operation under ``policy``: its header and answers."""
     if not {method.upper() for method in operation.methods} & policy.methods:
         return {}
-    ttl = policy.ttl
-    header = {
-        "in": "header",
-        "name": idempotency_settings.HEADER,
-        "required": policy.required,
-        "description": (
-            "A unique value for each logical operation, sent again with each retry: a retry "
-            "gets the first answer back, and the operation runs once. "
-            f"1 to {MAX_LENGTH} visible ASCII characters, such as a UUID; a bare key has no "
-            f"comma. The key is kept for {_duration(ttl)} after its first request; after that, "
-            "the same key runs the operation again."
-        ),
-        "schema": _KEY_SCHEMA,
-        "x-idempotency-key-ttl-seconds": int(ttl.total_seconds()),
+    # By status as Ninja's schema has them (numbers), so that ours and the operation's merge.
+    responses: dict[int, Any] = {
+        answer.status: problem_response(_in_ninja(answer), _PROBLEM_SCHEMA) for answer in answers()
     }
-    answers = dict(_ANSWERS)
-    if idempotency_settings.ANONYMOUS == "reject":
-        answers[403] = _ANONYMOUS_ANSWER
-    responses: dict[int, Any] = {}
-    for status, description in answers.items():
-        responses[status] = {
-            "description": description,
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": _PROBLEM_SCHEMA}},
-        }
-        if status in {409, 503}:
-            responses[status]["headers"] = _RETRY_AFTER
     for status in operation.response_models:
         if isinstance(status, int) and 200 <= status < 300:
-            responses[status] = {"headers": _SUCCESS_HEADERS}
-    return {"parameters": [header], "responses": responses}
+            responses[status] = {"headers": SUCCESS_HEADERS}
+    return {"parameters": [key_parameter(policy)], "responses": responses}
 
 
-def _duration(ttl: timedelta) -> str:
-    """``ttl`` in the largest unit that says it exactly: "24 hours", "90 minutes"."""
-    seconds = int(ttl.total_seconds())
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds % size == 0 and seconds >= size * (2 if unit == "day" else 1):
-            count = seconds // size
-            return f"{count} {unit}{'s' if count != 1 else ''}"
-    return f"{seconds} second{'s' if seconds != 1 else ''}"
+def _in_ninja(answer: Answer) -> Answer:
+    if answer.status == 422:
+        return replace(answer, description=answer.description + _NINJA_422)
+    return answer

@@ -70,8 +70,6 @@ def success_headers(operation):
     return headers
 
 
-# Ninja's schema lacks the 411 and idempotency.body_invalid answers, which its operations give.
-@pytest.mark.xfail(strict=True, reason="the two schemas have drifted apart")
 @pytest.mark.parametrize(
     "settings",
     [{}, {"ANONYMOUS": "reject", "TTL": 5400}, {"KEY_REQUIRED": False}],
