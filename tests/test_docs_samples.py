@@ -71,6 +71,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.core.cache import caches
 from django.core.checks import Warning as CheckWarning
 from django.core.checks import run_checks
+from django.db import connection
 from django.db.utils import load_backend
 from django.http import JsonResponse
 from django.test import Client, override_settings
@@ -82,6 +83,7 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.settings import api_settings
 
 from django_idempotency import signals
+from django_idempotency.checks import MARIADB_JSON_DEPTH
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.inbox import handlers, inbox_handler
@@ -192,6 +194,10 @@ def our_messages() -> list[Any]:
 
 def prove_idempotency(value: dict[str, Any], client: Client) -> None:
     messages = our_messages()
+    if value.get("MAX_JSON_DEPTH", 0) > MARIADB_JSON_DEPTH and connection.vendor == "mysql":
+        # A sample for PostgreSQL only: on MariaDB it must get the warning that says so.
+        assert "django_idempotency.W007" in [message.id for message in messages], messages
+        messages = [message for message in messages if message.id != "django_idempotency.W007"]
     assert messages == [], messages
 
 
