@@ -1,7 +1,9 @@
-"""The one module that imports Celery: the tasks' decorator, and sending a task by its name.
+"""Celery for the modules that load without it: declaring the package's tasks, sending by name.
 
-Celery is optional, so it is imported only when a task is declared or sent. The inbox and the
-outbox send their tasks by name: the tasks module imports them, so they never import it.
+Celery is optional, so it is imported here only when a task is declared or sent
+(``django_idempotency.celery``, which a project imports for idempotent tasks, needs the extra
+and imports Celery itself). The inbox and the outbox send their tasks by name: the tasks module
+imports them, so they never import it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The ``IDEMPOTENCY`` settings dict, read through one typed object.
 
-Settings are read live on every access, so ``override_settings`` needs no cache to reset. Dotted
-paths are imported once and remembered.
+Each value is checked and converted once, then kept until ``setting_changed`` says the dict
+changed (``override_settings`` sends it). Dotted paths are imported once and remembered.
 """
 
 from __future__ import annotations

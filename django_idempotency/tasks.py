@@ -1,4 +1,4 @@
-"""Celery tasks: schedule them with Celery beat. Celery itself is imported by ``_celery`` alone.
+"""Celery tasks: schedule them with Celery beat. They are declared through ``_celery``.
 
 Every task is safe to run on several workers at once and when beat fires twice.
 """
