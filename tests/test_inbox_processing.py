@@ -25,6 +25,7 @@ from django_idempotency.inbox import (
     mark_dead,
     process,
     receive,
+    register_handler,
     reprocess,
     retry_now,
 )
@@ -276,6 +277,23 @@ def test_handlers_register_per_source_and_type_with_a_fallback():
             inbox_handler("other")
     finally:
         unregister("other", "a.b", "c.d", ANY_TYPE)
+
+
+def test_a_handler_made_by_a_factory_is_registered_for_one_type_without_a_decorator():
+    def forward_to(queue):
+        def handler(event):
+            return queue
+
+        return handler
+
+    builds = forward_to("builds")
+    register_handler("other", "push", builds)
+    try:
+        assert get_handler("other", "push") is builds
+        with pytest.raises(Exception, match="already does"):
+            register_handler("other", "push", lambda event: None)
+    finally:
+        unregister("other", "push")
 
 
 # PostgreSQL: real threads, each with its own connection.

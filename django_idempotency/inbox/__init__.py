@@ -7,7 +7,7 @@ Subclass :class:`WebhookReceiverView` for each sender, register handlers with
 from __future__ import annotations
 
 from django_idempotency.exceptions import PermanentError
-from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler
+from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler, register_handler
 from django_idempotency.inbox.processing import (
     Outcome,
     dispatch_due,
@@ -44,6 +44,7 @@ __all__ = [
     "mark_dead",
     "process",
     "receive",
+    "register_handler",
     "reprocess",
     "retry_now",
 ]

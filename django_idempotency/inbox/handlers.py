@@ -32,18 +32,23 @@ def inbox_handler(source: str, *event_types: str) -> Callable[[Handler], Handler
 
     def register(handler: Handler) -> Handler:
         for event_type in event_types:
-            current = _registry.get((source, event_type))
-            # A module imported twice registers equal functions again: that is no conflict.
-            if current is not None and _name(current) != _name(handler):
-                msg = (
-                    f"{_name(handler)} cannot handle {source!r} events of type {event_type!r}: "
-                    f"{_name(current)} already does."
-                )
-                raise ImproperlyConfigured(msg)
-            _registry[source, event_type] = handler
+            register_handler(source, event_type, handler)
         return handler
 
     return register
+
+
+def register_handler(source: str, event_type: str, handler: Handler) -> None:
+    """Process ``source``'s events of ``event_type`` (or of ``ANY_TYPE``) with ``handler``."""
+    current = _registry.get((source, event_type))
+    # A module imported twice registers equal functions again: that is no conflict.
+    if current is not None and _name(current) != _name(handler):
+        msg = (
+            f"{_name(handler)} cannot handle {source!r} events of type {event_type!r}: "
+            f"{_name(current)} already does."
+        )
+        raise ImproperlyConfigured(msg)
+    _registry[source, event_type] = handler
 
 
 def get_handler(source: str, event_type: str) -> Handler | None:
@@ -57,7 +62,11 @@ def handles_source(source: str) -> bool:
 
 
 def unregister(source: str, *event_types: str) -> None:
-    """Forget the handlers of ``source``'s ``event_types``: for tests."""
+    """Forget the handlers of ``source``'s ``event_types``: for tests.
+
+    A handler is registered for a source and an event type, a dispatcher for a topic alone:
+    hence the source here, which ``outbox.dispatchers.unregister`` has no need of.
+    """
     for event_type in event_types:
         _registry.pop((source, event_type), None)
 
