@@ -36,6 +36,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
+from django_idempotency.retry_queue import error_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ Status = InboxEvent.Status
 #: How long a recorded or re-dispatched event waits for its processing to start before the
 #: periodic run dispatches it again (its trigger was lost, or is still queued).
 DISPATCH_GRACE = timedelta(minutes=1)
-# Bounds what an exception's message may take in the row.
-ERROR_MAX_LENGTH = 2_000
 #: The PostgreSQL channel on which recording an event wakes the "database" runner's workers.
 CHANNEL = "django_idempotency_inbox"
 
@@ -242,7 +241,7 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
             event.status = Status(outcome.value)
             if outcome is Outcome.DEAD:
                 event.next_attempt_at = None
-            event.last_error = f"{type(exc).__qualname__}: {exc}"[:ERROR_MAX_LENGTH]
+            event.last_error = error_text(exc)
             event.last_traceback = traceback.format_exc()
         else:
             outcome = Outcome.PROCESSED

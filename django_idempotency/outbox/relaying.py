@@ -31,6 +31,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
+from django_idempotency.retry_queue import error_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -42,7 +43,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
-ERROR_MAX_LENGTH = 2_000
 #: How long an inline relay, run by the process that published, may take, and its batch size:
 #: it stops between two messages once the time is up.
 INLINE_MAX_SECONDS = 10.0
@@ -291,8 +291,7 @@ def _dispatch(message: OutboxMessage) -> _Failure | None:
             raise LookupError(msg)  # retried: a deploy may bring the dispatcher
         dispatcher(message)
     except Exception as exc:  # the dispatcher's errors are data: recorded, then retried
-        error = f"{type(exc).__qualname__}: {exc}"[:ERROR_MAX_LENGTH]
-        return _Failure(error, isinstance(exc, PermanentError))
+        return _Failure(error_text(exc), isinstance(exc, PermanentError))
     return None
 
 
