@@ -1,15 +1,57 @@
 """The durable retry queue that the inbox and the outbox share: one row per job, due at its
 ``next_attempt_at``.
 
-A failed attempt leaves the job's error in its row, bounded here once for both tables.
+Each attempt is counted before it runs, so that a job whose runner dies every time still runs
+out of attempts. A failed attempt is retried after a delay drawn with exponential backoff and
+full jitter, kept in the row; once its attempts run out, or it raised
+:class:`~django_idempotency.exceptions.PermanentError`, the job is dead and waits for a person.
 """
 
 from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django_idempotency.backoff import full_jitter
+from django_idempotency.exceptions import PermanentError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import timedelta
 
 #: The most of an error's text that a row keeps as its ``last_error``.
 ERROR_MAX_LENGTH = 2_000
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How many attempts a job gets, and how long it waits after each that fails."""
+
+    max_attempts: int
+    delay: timedelta  # the bound of the first wait; it doubles with each failed attempt
+    max_delay: timedelta
+
+    def spent(self, attempts: int) -> bool:
+        """Whether a job that has started ``attempts`` attempts may start no more."""
+        return attempts >= self.max_attempts
+
+    def gives_up(self, attempts: int, error: Exception) -> bool:
+        """Whether a job whose attempt ``attempts`` failed with ``error`` is dead."""
+        # A PermanentError is the job saying that a retry cannot help.
+        return self.spent(attempts) or isinstance(error, PermanentError)
+
+    def retry_delay(self, attempt: int, random: Callable[[], float] = random.random) -> float:
+        """Seconds to wait after attempt ``attempt`` fails, drawn with full jitter."""
+        base, cap = self.delay.total_seconds(), self.max_delay.total_seconds()
+        return full_jitter(attempt, base, cap, random)
+
+
 def error_text(error: BaseException) -> str:
     """What a row keeps of ``error``: its type and its message, bounded."""
     return f"{type(error).__qualname__}: {error}"[:ERROR_MAX_LENGTH]
+
+
+def stopped_text(runner: str, attempt: int) -> str:
+    """The error of a job dead with no outcome recorded: its ``runner`` died every attempt."""
+    return f"The {runner} stopped during attempt {attempt}."

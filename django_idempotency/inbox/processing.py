@@ -30,13 +30,11 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from django_idempotency import _celery, correlation, signals
-from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import error_text
+from django_idempotency.retry_queue import RetryPolicy, error_text, stopped_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -156,8 +154,16 @@ def process(
     return _attempt(claimed, using)
 
 
+def _policy() -> RetryPolicy:
+    return RetryPolicy(
+        idempotency_settings.INBOX_MAX_ATTEMPTS,
+        idempotency_settings.INBOX_RETRY_DELAY,
+        idempotency_settings.INBOX_RETRY_MAX_DELAY,
+    )
+
+
 def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
-    max_attempts = idempotency_settings.INBOX_MAX_ATTEMPTS
+    policy = _policy()
     with write_transaction(InboxEvent, using):
         events = InboxEvent.objects.using(using)
         event = (
@@ -171,10 +177,10 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
             event = events.select_for_update().filter(pk=pk, status=Status.RECEIVED).first()
         if event is None:
             return Outcome.SKIPPED
-        if event.attempts >= max_attempts:
+        if policy.spent(event.attempts):
             # An unlocked processing event is an attempt whose worker died.
             if event.status == Status.PROCESSING:
-                event.last_error = f"The worker stopped during attempt {event.attempts}."
+                event.last_error = stopped_text("worker", event.attempts)
                 event.last_traceback = ""
             from_state, event.status, event.next_attempt_at = event.status, Status.DEAD, None
             event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
@@ -192,13 +198,8 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
             )
         event.status = Status.PROCESSING
         event.attempts += 1
-        delay = full_jitter(
-            event.attempts,
-            idempotency_settings.INBOX_RETRY_DELAY.total_seconds(),
-            idempotency_settings.INBOX_RETRY_MAX_DELAY.total_seconds(),
-            random,
-        )
-        event.next_attempt_at = now + timedelta(seconds=delay)
+        # Due again at its retry time should this attempt never finish; a failure keeps it.
+        event.next_attempt_at = now + timedelta(seconds=policy.retry_delay(event.attempts, random))
         event.save(update_fields=["status", "attempts", "next_attempt_at"])
     return event
 
@@ -235,9 +236,7 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
                     raise ImproperlyConfigured(_no_handlers(event.source))
         except Exception as exc:  # the handler's errors are data: recorded, then retried
             error = exc
-            spent = event.attempts >= idempotency_settings.INBOX_MAX_ATTEMPTS
-            permanent = isinstance(exc, PermanentError)  # the handler says a retry cannot help
-            outcome = Outcome.DEAD if spent or permanent else Outcome.FAILED
+            outcome = Outcome.DEAD if _policy().gives_up(event.attempts, exc) else Outcome.FAILED
             event.status = Status(outcome.value)
             if outcome is Outcome.DEAD:
                 event.next_attempt_at = None

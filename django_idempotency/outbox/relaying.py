@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django import db
 from django.db import connections, router, transaction
@@ -25,13 +25,12 @@ from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
 from django_idempotency import _celery, correlation
-from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import error_text
+from django_idempotency.retry_queue import RetryPolicy, error_text, stopped_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -220,6 +219,14 @@ def relay(
     return result
 
 
+def _policy() -> RetryPolicy:
+    return RetryPolicy(
+        idempotency_settings.OUTBOX_MAX_ATTEMPTS,
+        idempotency_settings.OUTBOX_RETRY_DELAY,
+        idempotency_settings.OUTBOX_RETRY_MAX_DELAY,
+    )
+
+
 def _claim(
     using: str, now: datetime, limit: int, lease: timedelta
 ) -> tuple[list[OutboxMessage], int]:
@@ -239,14 +246,14 @@ def _claim(
         .exclude(Exists(older))
         .order_by("next_attempt_at", "pk")
     )
-    max_attempts = idempotency_settings.OUTBOX_MAX_ATTEMPTS
+    policy = _policy()
     with write_transaction(OutboxMessage, using):
         claimed = list(due[:limit])
         # Every attempt was claimed and none recorded an outcome: its relay died each time.
-        spent = [message for message in claimed if message.attempts >= max_attempts]
+        spent = [message for message in claimed if policy.spent(message.attempts)]
         for message in spent:
             message.status, message.next_attempt_at = Status.DEAD, None
-            message.last_error = f"The relay stopped during attempt {message.attempts}."
+            message.last_error = stopped_text("relay", message.attempts)
             logger.error(
                 "outbox message %s is dead after %d attempts: %s",
                 message.message_id,
@@ -258,7 +265,7 @@ def _claim(
             OutboxMessage.objects.using(using).bulk_update(
                 spent, ["status", "next_attempt_at", "last_error"]
             )
-        batch = [message for message in claimed if message.attempts < max_attempts]
+        batch = [message for message in claimed if not policy.spent(message.attempts)]
         # Counted before it is sent: a message whose relay dies every time still ends dead.
         pending.filter(pk__in=[message.pk for message in batch]).update(
             attempts=F("attempts") + 1, next_attempt_at=now + lease
@@ -277,12 +284,7 @@ def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
         ).update(attempts=F("attempts") - 1, next_attempt_at=now)
 
 
-class _Failure(NamedTuple):
-    error: str
-    permanent: bool  # the dispatcher said a retry cannot help
-
-
-def _dispatch(message: OutboxMessage) -> _Failure | None:
+def _dispatch(message: OutboxMessage) -> Exception | None:
     """Dispatch one message; return why it failed, or ``None`` once it is delivered."""
     dispatcher = get_dispatcher(message.topic)
     try:
@@ -291,28 +293,24 @@ def _dispatch(message: OutboxMessage) -> _Failure | None:
             raise LookupError(msg)  # retried: a deploy may bring the dispatcher
         dispatcher(message)
     except Exception as exc:  # the dispatcher's errors are data: recorded, then retried
-        return _Failure(error_text(exc), isinstance(exc, PermanentError))
+        return exc
     return None
 
 
 def _record_failure(
     message: OutboxMessage,
-    failure: _Failure,
+    failure: Exception,
     using: str,
     now: datetime,
     random: Callable[[], float],
 ) -> Status:
     """Schedule the message's retry, or mark it dead; return its new status."""
-    error = failure.error
-    if failure.permanent or message.attempts >= idempotency_settings.OUTBOX_MAX_ATTEMPTS:
+    error = error_text(failure)
+    policy = _policy()
+    if policy.gives_up(message.attempts, failure):
         status, next_attempt_at = Status.DEAD, None
     else:
-        delay = full_jitter(
-            message.attempts,
-            idempotency_settings.OUTBOX_RETRY_DELAY.total_seconds(),
-            idempotency_settings.OUTBOX_RETRY_MAX_DELAY.total_seconds(),
-            random,
-        )
+        delay = policy.retry_delay(message.attempts, random)
         status, next_attempt_at = Status.PENDING, now + timedelta(seconds=delay)
         report_retry("outbox", delay, message.attempts, topic=message.topic)
     # Only if no other relay took the message over since this attempt claimed it.
@@ -325,7 +323,7 @@ def _record_failure(
             "outbox message %s is dead after %d attempts%s: %s",
             message.message_id,
             message.attempts,
-            " (a permanent failure)" if failure.permanent else "",
+            " (a permanent failure)" if isinstance(failure, PermanentError) else "",
             error,
             extra=_fields(message, "dead", Status.DEAD),
         )
