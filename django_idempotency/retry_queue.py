@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from django_idempotency.backoff import full_jitter
 from django_idempotency.exceptions import PermanentError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import timedelta
+    from datetime import datetime, timedelta
+
+    from django.db.models import Model, QuerySet
+
+_M = TypeVar("_M", bound="Model")
 
 #: The most of an error's text that a row keeps as its ``last_error``.
 ERROR_MAX_LENGTH = 2_000
@@ -45,6 +49,15 @@ class RetryPolicy:
         """Seconds to wait after attempt ``attempt`` fails, drawn with full jitter."""
         base, cap = self.delay.total_seconds(), self.max_delay.total_seconds()
         return full_jitter(attempt, base, cap, random)
+
+
+def due(rows: QuerySet[_M], now: datetime) -> QuerySet[_M]:
+    """The rows of ``rows`` due at ``now`` that no attempt holds, locked as they are read.
+
+    Read them in a :func:`~django_idempotency.transactions.write_transaction`, in the order
+    that the table's due index serves. A locked row is mid-attempt: skipped, not waited for.
+    """
+    return rows.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
 
 
 def error_text(error: BaseException) -> str:

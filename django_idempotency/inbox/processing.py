@@ -34,7 +34,7 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import RetryPolicy, error_text, stopped_text
+from django_idempotency.retry_queue import RetryPolicy, due, error_text, stopped_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -116,14 +116,18 @@ def process_due(
 
 
 def _take_due(now: datetime, limit: int, using: str) -> tuple[list[int], datetime]:
-    """Take up to ``limit`` due events; return their ids and when they stop being ours."""
+    """Take up to ``limit`` due events; return their ids and when they stop being ours.
+
+    Taking an event is not yet an attempt: :func:`process` claims it again by its id, and
+    counts the attempt then.
+    """
     events = InboxEvent.objects.using(using)
     taken_until = now + DISPATCH_GRACE
     with write_transaction(InboxEvent, using):
-        due = events.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
-        pks = list(due.order_by("next_attempt_at").values_list("pk", flat=True)[:limit])
+        taken = due(events, now).order_by("next_attempt_at")
+        pks = list(taken.values_list("pk", flat=True)[:limit])
         # Not due again until its attempt starts: a second run, or a worker's long queue, does
-        # not dispatch it twice. (An event mid-attempt is locked and skipped above.)
+        # not dispatch it twice.
         events.filter(pk__in=pks).update(next_attempt_at=taken_until)
     return pks, taken_until
 

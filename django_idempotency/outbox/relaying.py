@@ -30,7 +30,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import RetryPolicy, error_text, stopped_text
+from django_idempotency.retry_queue import RetryPolicy, due, error_text, stopped_text
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -240,15 +240,12 @@ def _claim(
     older = pending.filter(ordering_key=OuterRef("ordering_key"), pk__lt=OuterRef("pk")).exclude(
         ordering_key=""
     )
-    due = (
-        pending.select_for_update(skip_locked=True)
-        .filter(next_attempt_at__lte=now)
-        .exclude(Exists(older))
-        .order_by("next_attempt_at", "pk")
-    )
+    # A batch, where the inbox claims one event: it is sent with no transaction open, so its
+    # lease, not a row lock, keeps it this relay's.
+    taken = due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk")
     policy = _policy()
     with write_transaction(OutboxMessage, using):
-        claimed = list(due[:limit])
+        claimed = list(taken[:limit])
         # Every attempt was claimed and none recorded an outcome: its relay died each time.
         spent = [message for message in claimed if policy.spent(message.attempts)]
         for message in spent:
