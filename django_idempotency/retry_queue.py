@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency.backoff import full_jitter
 from django_idempotency.exceptions import PermanentError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from datetime import datetime, timedelta
 
     from django.db.models import Model, QuerySet
@@ -58,6 +58,21 @@ def due(rows: QuerySet[_M], now: datetime) -> QuerySet[_M]:
     that the table's due index serves. A locked row is mid-attempt: skipped, not waited for.
     """
     return rows.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
+
+
+def change_unclaimed(
+    selected: QuerySet[_M], changes: Mapping[str, Any], *fields: str
+) -> list[dict[str, Any]]:
+    """Make a person's ``changes`` to the rows of ``selected`` that no attempt holds.
+
+    Return the ``pk``, ``status`` and ``fields`` of each row changed, as they were. Call it in
+    a :func:`~django_idempotency.transactions.write_transaction`: a locked row is mid-attempt,
+    and skipping it leaves that attempt to finish.
+    """
+    rows = list(selected.select_for_update(skip_locked=True).values("pk", "status", *fields))
+    unclaimed = selected.model._default_manager.using(selected.db)
+    unclaimed.filter(pk__in=[row["pk"] for row in rows]).update(**changes)
+    return rows
 
 
 def error_text(error: BaseException) -> str:

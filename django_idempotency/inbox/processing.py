@@ -34,7 +34,13 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import RetryPolicy, due, error_text, stopped_text
+from django_idempotency.retry_queue import (
+    RetryPolicy,
+    change_unclaimed,
+    due,
+    error_text,
+    stopped_text,
+)
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -346,6 +352,10 @@ def log_fields(event: InboxEvent, outcome: str) -> dict[str, Any]:
     }
 
 
+# What the log record of a person's action shows of each event it changed.
+_ACTION_LOG_FIELDS = ("source", "event_id", "headers")
+
+
 def reprocess(events: QuerySet[InboxEvent]) -> list[int]:
     """Process ``events`` again from a clean slate, whatever their status; return their ids.
 
@@ -362,19 +372,13 @@ def retry_now(events: QuerySet[InboxEvent]) -> list[int]:
 def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
     """Stop retrying the unprocessed among ``events``; return their ids."""
     using = router.db_for_write(InboxEvent)
+    unprocessed = events.using(using).exclude(status__in=(Status.PROCESSED, Status.DEAD))
     with write_transaction(InboxEvent, using):
-        rows = list(
-            events.using(using)
-            .select_for_update(skip_locked=True)
-            .exclude(status__in=(Status.PROCESSED, Status.DEAD))
-            .values_list("pk", "source", "event_id", "status", "headers")
-        )
-        pks = [row[0] for row in rows]
-        InboxEvent.objects.using(using).filter(pk__in=pks).update(
-            status=Status.DEAD, next_attempt_at=None
+        rows = change_unclaimed(
+            unprocessed, {"status": Status.DEAD, "next_attempt_at": None}, *_ACTION_LOG_FIELDS
         )
         _log_changes(rows, Status.DEAD)
-    return pks
+    return [row["pk"] for row in rows]
 
 
 def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
@@ -382,19 +386,14 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     now = timezone.now()
     # The "database" runner's workers take the events, due at once, rather than this process.
     to_workers = idempotency_settings.INBOX_RUNNER == "database"
+    changes: dict[str, Any] = {"next_attempt_at": now if to_workers else now + DISPATCH_GRACE}
+    if reset:
+        changes.update(status=Status.RECEIVED, attempts=0, processed_at=None)
     with write_transaction(InboxEvent, using):
-        # A locked event is mid-attempt: skipping it leaves that attempt to finish.
-        rows = list(
-            events.using(using)
-            .select_for_update(skip_locked=True)
-            .values_list("pk", "source", "event_id", "status", "headers")
-        )
-        pks = [row[0] for row in rows]
-        changes: dict[str, Any] = {"next_attempt_at": now if to_workers else now + DISPATCH_GRACE}
+        rows = change_unclaimed(events.using(using), changes, *_ACTION_LOG_FIELDS)
         if reset:
-            changes.update(status=Status.RECEIVED, attempts=0, processed_at=None)
             _log_changes(rows, Status.RECEIVED)
-        InboxEvent.objects.using(using).filter(pk__in=pks).update(**changes)
+        pks = [row["pk"] for row in rows]
         if to_workers:
             if pks:
                 wake_workers(using)
@@ -404,21 +403,21 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     return pks
 
 
-def _log_changes(rows: list[tuple[int, str, str, str, dict[str, str]]], to_state: Status) -> None:
+def _log_changes(rows: list[dict[str, Any]], to_state: Status) -> None:
     """Log the state change of each event that a person's action changed."""
     if not logger.isEnabledFor(logging.INFO):
         return
-    for _pk, source, event_id, from_state, headers in rows:
+    for row in rows:
         logger.info(
             "inbox event %s from %s is now %s",
-            event_id,
-            source,
+            row["event_id"],
+            row["source"],
             to_state,
             extra={
-                "idempotency_source": source,
-                "idempotency_event_id": event_id,
+                "idempotency_source": row["source"],
+                "idempotency_event_id": row["event_id"],
                 "idempotency_outcome": to_state.value,
-                correlation.LOG_FIELD: correlation.from_headers(headers),
-                **state_change(from_state, to_state),
+                correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                **state_change(row["status"], to_state),
             },
         )

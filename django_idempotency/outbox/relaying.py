@@ -30,7 +30,13 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import RetryPolicy, due, error_text, stopped_text
+from django_idempotency.retry_queue import (
+    RetryPolicy,
+    change_unclaimed,
+    due,
+    error_text,
+    stopped_text,
+)
 from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
@@ -354,28 +360,26 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     A message that a relay is sending at that moment may be sent twice.
     """
     using = router.db_for_write(OutboxMessage)
+    fresh = {
+        "status": Status.PENDING,
+        "attempts": 0,
+        "next_attempt_at": timezone.now(),
+        "last_error": "",
+    }
     with write_transaction(OutboxMessage, using):
-        rows = list(
-            messages.using(using)
-            .select_for_update(skip_locked=True)
-            .values_list("pk", "message_id", "status", "headers")
-        )
-        pks = [row[0] for row in rows]
-        OutboxMessage.objects.using(using).filter(pk__in=pks).update(
-            status=Status.PENDING, attempts=0, next_attempt_at=timezone.now(), last_error=""
-        )
+        rows = change_unclaimed(messages.using(using), fresh, "message_id", "headers")
         if logger.isEnabledFor(logging.INFO):
-            for _pk, message_id, status, headers in rows:
+            for row in rows:
                 logger.info(
                     "outbox message %s will be delivered again",
-                    message_id,
+                    row["message_id"],
                     extra={
-                        "idempotency_message_id": str(message_id),
+                        "idempotency_message_id": str(row["message_id"]),
                         "idempotency_outcome": "redelivered",
-                        correlation.LOG_FIELD: correlation.from_headers(headers),
-                        **state_change(status, Status.PENDING),
+                        correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                        **state_change(row["status"], Status.PENDING),
                     },
                 )
-        if pks:
+        if rows:
             _trigger_after_commit(using)
-    return pks
+    return [row["pk"] for row in rows]
