@@ -175,6 +175,10 @@ def _policy() -> RetryPolicy:
 
 
 def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
+    """Claim event ``pk`` for one attempt and count it; or return why it is not attempted.
+
+    One event by its id, due or not, where the outbox claims due batches: a trigger names it.
+    """
     policy = _policy()
     with write_transaction(InboxEvent, using):
         events = InboxEvent.objects.using(using)
