@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import math
+import threading
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
+from django.db import connection, transaction
+from django.utils import timezone
 
 from django_idempotency.exceptions import PermanentError
-from django_idempotency.retry_queue import ERROR_MAX_LENGTH, RetryPolicy, error_text, stopped_text
+from django_idempotency.models import OutboxMessage
+from django_idempotency.retry_queue import (
+    ERROR_MAX_LENGTH,
+    RetryPolicy,
+    change_unclaimed,
+    due,
+    error_text,
+    stopped_text,
+)
+from tests.factories import OutboxMessageFactory
 
 POLICY = RetryPolicy(max_attempts=3, delay=timedelta(seconds=30), max_delay=timedelta(minutes=1))
 
@@ -53,3 +66,53 @@ def test_a_failure_is_retried_until_the_last_attempt_and_a_permanent_error_at_on
 
 def test_a_job_dead_without_an_outcome_says_which_attempt_its_runner_died_in():
     assert stopped_text("worker", 2) == "The worker stopped during attempt 2."
+
+
+@contextmanager
+def held(row):
+    """Hold ``row``'s lock in another connection, as an attempt in progress does."""
+    locked, release = threading.Event(), threading.Event()
+
+    def attempt():
+        try:
+            with transaction.atomic():
+                OutboxMessage.objects.select_for_update().get(pk=row.pk)
+                locked.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    assert locked.wait(5)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join()
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_due_rows_are_those_whose_time_has_come_and_that_no_attempt_holds():
+    free, busy = OutboxMessageFactory(), OutboxMessageFactory()
+    OutboxMessageFactory(scheduled=True)
+
+    with held(busy), transaction.atomic():
+        rows = due(OutboxMessage.objects.all(), timezone.now())
+        taken = list(rows.values_list("pk", flat=True))
+
+    assert taken == [free.pk]
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+def test_a_persons_change_leaves_a_row_mid_attempt_alone():
+    free, busy = OutboxMessageFactory(dead=True), OutboxMessageFactory(dead=True)
+
+    with held(busy), transaction.atomic():
+        rows = change_unclaimed(OutboxMessage.objects.all(), {"status": "pending"}, "topic")
+
+    assert rows == [{"pk": free.pk, "status": "dead", "topic": "tests.recorded"}]
+    statuses = dict(OutboxMessage.objects.values_list("pk", "status"))
+    assert statuses == {free.pk: "pending", busy.pk: "dead"}
