@@ -29,8 +29,11 @@ ERROR_MAX_LENGTH = 2_000
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
-    """How many attempts a job gets, and how long it waits after each that fails."""
+class RetrySchedule:
+    """How many attempts a job gets, and how long it waits after each that fails.
+
+    Not the client's ``RetryPolicy``, which retries one HTTP request within a call.
+    """
 
     max_attempts: int
     delay: timedelta  # the bound of the first wait; it doubles with each failed attempt

@@ -15,7 +15,7 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.retry_queue import (
     ERROR_MAX_LENGTH,
-    RetryPolicy,
+    RetrySchedule,
     change_unclaimed,
     due,
     error_text,
@@ -23,7 +23,7 @@ from django_idempotency.retry_queue import (
 )
 from tests.factories import OutboxMessageFactory
 
-POLICY = RetryPolicy(max_attempts=3, delay=timedelta(seconds=30), max_delay=timedelta(minutes=1))
+POLICY = RetrySchedule(max_attempts=3, delay=timedelta(seconds=30), max_delay=timedelta(minutes=1))
 
 
 class LedgerError(Exception):

@@ -37,7 +37,7 @@ from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.outcomes import report_retry, state_change
 from django_idempotency.retry_queue import (
-    RetryPolicy,
+    RetrySchedule,
     change_unclaimed,
     due,
     error_text,
@@ -166,8 +166,8 @@ def process(
     return _attempt(claimed, using)
 
 
-def _policy() -> RetryPolicy:
-    return RetryPolicy(
+def _policy() -> RetrySchedule:
+    return RetrySchedule(
         idempotency_settings.INBOX_MAX_ATTEMPTS,
         idempotency_settings.INBOX_RETRY_DELAY,
         idempotency_settings.INBOX_RETRY_MAX_DELAY,

@@ -32,7 +32,7 @@ from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.outcomes import report_retry, state_change
 from django_idempotency.retry_queue import (
-    RetryPolicy,
+    RetrySchedule,
     change_unclaimed,
     due,
     error_text,
@@ -226,8 +226,8 @@ def relay(
     return result
 
 
-def _policy() -> RetryPolicy:
-    return RetryPolicy(
+def _policy() -> RetrySchedule:
+    return RetrySchedule(
         idempotency_settings.OUTBOX_MAX_ATTEMPTS,
         idempotency_settings.OUTBOX_RETRY_DELAY,
         idempotency_settings.OUTBOX_RETRY_MAX_DELAY,
