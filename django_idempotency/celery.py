@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from django_idempotency import _optional, canonical, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
-from django_idempotency.engine import ROUTE_LENGTH, _fit_scope
+from django_idempotency.engine import ROUTE_LENGTH, fit_scope
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
 from django_idempotency.leases import leases
 from django_idempotency.models import IdempotencyKey
@@ -241,7 +241,7 @@ class TaskRun:
         scope = f"task:{self.name}"
         if options.tenant is not None:
             scope = f"{scope}|tenant:{options.tenant(*args, **kwargs)}"
-        self.scope = _fit_scope(scope)
+        self.scope = fit_scope(scope)
         # What the body and the recover hook get: the key, with its downstream_key.
         self.key = ScopedKey(key, self.scope)
         self.fingerprint = arguments_fingerprint(args, kwargs)

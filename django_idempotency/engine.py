@@ -1,7 +1,10 @@
-"""The engine: claim the key, run the view, store its response, or replay a stored one.
+"""The engine: claim the key, run the operation, store its result, or replay a stored one.
 
-It knows Django's request and response but nothing of Django REST framework; the DRF mixin and
-the view decorator are thin adapters over ``Engine.handle``.
+An *operation* is anything made idempotent by key: a view's request, a Celery task's delivery.
+``Engine.run`` walks one through the key table; ``Engine.handle`` is that walk for a request,
+knowing Django's request and response but nothing of Django REST framework. The DRF mixin, the
+view decorator and Ninja are thin adapters over ``Engine.handle``, the task decorator over
+``Engine.run``.
 
 Atomic mode: the key row is inserted inside the same ``transaction.atomic`` as the view's own
 writes and completed before the commit, so a fresh request costs one commit and a crash rolls
@@ -14,9 +17,9 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
@@ -50,58 +53,157 @@ from django_idempotency.store import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import datetime
+    from datetime import datetime, timedelta
 
     from django.http import HttpRequest, HttpResponseBase
 
+    from django_idempotency.conf import Mode
     from django_idempotency.policy import Policy
 
 logger = logging.getLogger("django_idempotency")
 
 _HANDLED = "_django_idempotency_handled"
 
-# Lease mode: how often a duplicate looks again while the first request holds the lease.
-LEASE_POLL_SECONDS = 0.05
+# How often a run that waits for another one holding its key looks at the key again.
+POLL_SECONDS = 0.05
 
 
 SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
 ROUTE_LENGTH = IdempotencyKey._meta.get_field("route").max_length or 0
 
+R = TypeVar("R")
 
-def _fit_scope(scope: str) -> str:
+
+def fit_scope(scope: str) -> str:
     """Keep a long scope unique but within its column: replace it by its digest."""
     if len(scope) <= SCOPE_LENGTH:
         return scope
     return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
 
 
+@dataclass(frozen=True)
+class Record:
+    """What is stored of an operation's result, in the key row's response columns."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class Operation(ABC, Generic[R]):
+    """What the engine makes idempotent: a body run once per key, and its stored result.
+
+    An adapter says who the operation is (its key within its scope, method, route, fingerprint,
+    mode and timeouts), runs its body, and turns the body's result into the key row's response
+    and back, so that a duplicate gets the same answer.
+    """
+
+    key: ScopedKey
+    method: str
+    route: str
+    fingerprint: str
+    mode: Mode
+    ttl: timedelta
+    wait_timeout: float
+    lease_timeout: timedelta
+    cache: ReplayCache | None = None
+    #: Why a lease-mode operation refuses to start inside a transaction, in its users' words.
+    lease_in_transaction: ClassVar[str]
+
+    @property
+    def scope(self) -> str:
+        return self.key.scope
+
+    def new_key(self, now: datetime) -> NewKey:
+        """The key row this operation claims at ``now``."""
+        lease = self.mode == "lease"
+        return NewKey(
+            scope=self.scope,
+            key=self.key,
+            method=self.method,
+            route=self.route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
+            fingerprint=self.fingerprint,
+            now=now,
+            expires_at=now + self.ttl,
+            wait_timeout=self.wait_timeout,
+            locked_until=now + self.lease_timeout if lease else None,
+        )
+
+    @abstractmethod
+    def run(self, attempt: int) -> R:
+        """Run the body; ``attempt`` counts the runs of this key, this one included."""
+
+    def recover(self, attempt: int) -> R | None:
+        """Lease mode, before a key whose earlier run did not finish runs again: the result of
+        that run if its effect happened, else ``None`` to run the body."""
+        return None
+
+    @abstractmethod
+    def keeps(self, result: R) -> bool:
+        """Whether ``result`` is stored; if not, its writes roll back and the key is released."""
+
+    @abstractmethod
+    def encode(self, result: R) -> Record:
+        """What is stored of ``result``."""
+
+    @abstractmethod
+    def decode(self, stored: StoredResponse) -> R:
+        """The result a duplicate gets from the stored row."""
+
+
+@dataclass(frozen=True)
+class Answer(Generic[R]):
+    """What became of an operation: its outcome, and the result it answers with, if any."""
+
+    outcome: Outcome  # stored, not_stored, replayed, mismatch or in_progress
+    result: R | None = None  # the body's; or, replayed, the stored one decoded
+    attempt: int = 1
+
+
 @dataclass
-class KeyedRequest:
+class KeyedRequest(Operation["HttpResponseBase"]):
     """A request with a valid key, once its scope and fingerprint are known."""
+
+    lease_in_transaction = (
+        "Lease mode commits the key before the view runs, so the view must not run "
+        "inside a transaction: exempt it from ATOMIC_REQUESTS with "
+        "django.db.transaction.non_atomic_requests."
+    )
 
     request: HttpRequest
     view: Callable[[], HttpResponseBase]
     policy: Policy
     view_request: Any
     key: ScopedKey
-    scope: str
     route: str
     fingerprint: str
 
-    def new_key(self, now: datetime) -> NewKey:
-        """The key row this request claims at ``now``."""
-        lease = self.policy.mode == "lease"
-        return NewKey(
-            scope=self.scope,
-            key=self.key,
-            method=self.request.method or "",
-            route=self.route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
-            fingerprint=self.fingerprint,
-            now=now,
-            expires_at=now + self.policy.ttl,
-            wait_timeout=self.policy.wait_timeout,
-            locked_until=now + self.policy.lease_timeout if lease else None,
-        )
+    def __post_init__(self) -> None:
+        policy = self.policy
+        self.method = self.request.method or ""
+        self.mode = policy.mode
+        self.ttl = policy.ttl
+        self.wait_timeout = policy.wait_timeout
+        self.lease_timeout = policy.lease_timeout
+        self.cache = ReplayCache(policy.cache) if policy.cache else None
+
+    def run(self, attempt: int) -> HttpResponseBase:
+        return self.view()
+
+    def recover(self, attempt: int) -> HttpResponseBase | None:
+        if self.policy.recover is None:
+            return None
+        return self.policy.recover(self.view_request, key=self.key, attempt=attempt)
+
+    def keeps(self, result: HttpResponseBase) -> bool:
+        return self.policy.stores(result.status_code)
+
+    def encode(self, result: HttpResponseBase) -> Record:
+        headers, body = capture(result)
+        return Record(result.status_code, headers, body)
+
+    def decode(self, stored: StoredResponse) -> HttpResponseBase:
+        return replay_response(stored)
 
     def decision(
         self,
@@ -115,37 +217,19 @@ class KeyedRequest:
             outcome, response, self.key, self.scope, self.route, attempt, error, self.fingerprint
         )
 
-    def settled(self, found: StoredResponse | Conflict) -> Decision | None:
-        """The answer when another request holds the key: its stored response replayed, or a
-        mismatch if that request was a different one; ``None`` while it is still running."""
-        if isinstance(found, StoredResponse):
-            return self.decision(
-                Outcome.REPLAYED, replay_response(found), attempt=found.replay_count + 1
-            )
-        if found.fingerprint_matches:
-            return None
-        detail = "This key was already used with a different request."
-        mismatch = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
-        return self.decision(Outcome.MISMATCH, mismatch)
-
-    @cached_property
-    def cache(self) -> ReplayCache | None:
-        return ReplayCache(self.policy.cache) if self.policy.cache else None
-
-    def remember(self, stored: StoredResponse, using: str) -> None:
-        """Put a replayed response in the replay cache, if there is one, after commit.
-
-        Filled by the first replay, not by the request that stored the response: most keys are
-        never replayed, and a fresh request should not pay for a cache write.
-        """
-        if self.cache is not None:
-            self.cache.put_after_commit(
-                scope=self.scope,
-                key=self.key,
-                fingerprint=self.fingerprint,
-                stored=stored,
-                using=using,
-            )
+    def answered(self, answer: Answer[HttpResponseBase]) -> Decision:
+        """The engine's answer as the response to this request."""
+        response = answer.result
+        if answer.outcome == Outcome.MISMATCH:
+            detail = "This key was already used with a different request."
+            response = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
+        elif answer.outcome == Outcome.IN_PROGRESS:
+            detail = "A request with this key is still being processed; retry later."
+            response = problems.problem_response(problems.IN_PROGRESS, detail)
+        elif answer.outcome == Outcome.STORED:
+            assert response is not None  # noqa: S101 - for the type checker
+            response[STATUS_HEADER] = "stored"
+        return self.decision(answer.outcome, response, attempt=answer.attempt)
 
 
 def _read_key(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
@@ -174,7 +258,8 @@ def route_of(request: HttpRequest) -> str:
 def _release(store: KeyStore, claim: Claim) -> bool:
     """Mark a lease-mode key failed so that a retry runs again; never mask the real error.
 
-    ``False`` if another request took the key over meanwhile.
+    ``False`` if another run took the key over meanwhile. A database that is unavailable
+    leaves the key to its lease; any other database error is a fault, and surfaces.
     """
     try:
         return store.fail(claim)
@@ -188,14 +273,24 @@ def _pause_until(deadline: float) -> None:
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise KeyBusy
-    time.sleep(min(LEASE_POLL_SECONDS, remaining))
+    time.sleep(min(POLL_SECONDS, remaining))
+
+
+def _settled(operation: Operation[R], found: StoredResponse | Conflict) -> Answer[R] | None:
+    """The answer when another run holds the key: its stored result replayed, or a mismatch
+    if that run was a different one; ``None`` while it is still running."""
+    if isinstance(found, StoredResponse):
+        return Answer(Outcome.REPLAYED, operation.decode(found), found.replay_count + 1)
+    if found.fingerprint_matches:
+        return None
+    return Answer(Outcome.MISMATCH)
 
 
 class Engine:
     """Claim → execute → store, or replay.
 
-    ``clock``, ``leases`` and ``store`` are injectable for tests; without a store, each request
-    uses the database that the project's routers choose for writing keys.
+    ``clock``, ``leases`` and ``store`` are injectable for tests; without a store, each
+    operation uses the database that the project's routers choose for writing keys.
     """
 
     def __init__(
@@ -253,11 +348,7 @@ class Engine:
         if not isinstance(keyed, KeyedRequest):
             return keyed  # a refusal; or None: no key, and the view does not require one
         try:
-            return self._run(keyed)
-        except KeyBusy:
-            detail = "A request with this key is still being processed; retry later."
-            response = problems.problem_response(problems.IN_PROGRESS, detail)
-            return keyed.decision(Outcome.IN_PROGRESS, response)
+            return keyed.answered(self.run(keyed))
         except DATABASE_UNAVAILABLE:
             # In atomic mode the transaction was rolled back with the key; in lease mode the
             # view's effect may have happened, and the key tells the retry so.
@@ -279,7 +370,7 @@ class Engine:
         if not isinstance(key, str):
             return key
         try:
-            scope = _fit_scope(policy.scope_function(view_request, route))
+            scope = fit_scope(policy.scope_function(view_request, route))
         except AnonymousRejected:
             detail = f"Authenticate to send an {policy.header} header to this endpoint."
             response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
@@ -298,144 +389,160 @@ class Engine:
             return Decision(Outcome.INVALID, response, key, route=route)
         scoped = ScopedKey(key, scope)
         setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
-        return KeyedRequest(request, view, policy, view_request, scoped, scope, route, fingerprint)
+        return KeyedRequest(request, view, policy, view_request, scoped, route, fingerprint)
 
-    def _run(self, keyed: KeyedRequest) -> Decision:
-        if keyed.cache is not None:
-            cached = keyed.cache.get(
-                scope=keyed.scope, key=keyed.key, fingerprint=keyed.fingerprint, now=self.clock()
+    def run(self, operation: Operation[R]) -> Answer[R]:
+        """Run ``operation``'s body at most once for its key, or answer as the run that did.
+
+        The body's exceptions, and a database's, propagate: the body's writes are rolled back,
+        and in lease mode the key is released first.
+        """
+        try:
+            if operation.cache is not None:
+                cached = operation.cache.get(
+                    scope=operation.scope,
+                    key=operation.key,
+                    fingerprint=operation.fingerprint,
+                    now=self.clock(),
+                )
+                if cached is not None:
+                    return Answer(Outcome.REPLAYED, operation.decode(cached))
+            store = self.store or KeyStore(router.db_for_write(IdempotencyKey))
+            if operation.mode == "lease":
+                return self._execute_lease(operation, store)
+            return self._execute(operation, store)
+        except KeyBusy:
+            return Answer(Outcome.IN_PROGRESS)
+
+    def _acquire(
+        self, operation: Operation[R], store: KeyStore
+    ) -> Claim | StoredResponse | Conflict:
+        """Ask the store for the key once; a result it replays goes to the cache too."""
+        found = store.acquire(operation.new_key(self.clock()))
+        if isinstance(found, StoredResponse) and operation.cache is not None:
+            # Filled by the first replay, not by the run that stored the result: most keys
+            # are never replayed, and a fresh request should not pay for a cache write.
+            operation.cache.put_after_commit(
+                scope=operation.scope,
+                key=operation.key,
+                fingerprint=operation.fingerprint,
+                stored=found,
+                using=store.using,
             )
-            if cached is not None:
-                return keyed.decision(Outcome.REPLAYED, replay_response(cached))
-        store = self.store or KeyStore(router.db_for_write(IdempotencyKey))
-        if keyed.policy.mode == "lease":
-            return self._execute_lease(keyed, store)
-        return self._execute(keyed, store)
-
-    def _acquire(self, keyed: KeyedRequest, store: KeyStore) -> Claim | StoredResponse | Conflict:
-        """Ask the store for the key once; a response it replays goes to the cache too."""
-        found = store.acquire(keyed.new_key(self.clock()))
-        if isinstance(found, StoredResponse):
-            keyed.remember(found, store.using)  # read-through
         return found
 
-    def _complete(
-        self, keyed: KeyedRequest, store: KeyStore, claim: Claim, response: HttpResponseBase
-    ) -> bool:
-        """Store the view's response on its claimed row. ``False`` if another request took the
-        key over meanwhile."""
-        headers, body = capture(response)
-        status = response.status_code
-        return store.complete(claim, status=status, headers=headers, body=body, now=self.clock())
+    def _complete(self, operation: Operation[R], store: KeyStore, claim: Claim, result: R) -> bool:
+        """Store the result on its claimed row. ``False`` if another run took the key over
+        meanwhile."""
+        record = operation.encode(result)
+        return store.complete(
+            claim, status=record.status, headers=record.headers, body=record.body, now=self.clock()
+        )
 
-    def _execute(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
-        """Atomic mode: claim, run and complete in one transaction with the view's writes."""
+    def _execute(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Atomic mode: claim, run and complete in one transaction with the body's writes."""
         connection = transaction.get_connection(store.using)
         # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises an
         # API error. A savepoint then undoes just the view's writes, and its answer is still
         # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
         savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
         with transaction.atomic(using=store.using):
-            claim = self._acquire(keyed, store)
+            claim = self._acquire(operation, store)
             if not isinstance(claim, Claim):
-                # The store waited on the other request as long as the policy allows.
-                if (settled := keyed.settled(claim)) is None:
+                # The store waited on the other run as long as the operation allows.
+                if (settled := _settled(operation, claim)) is None:
                     raise KeyBusy
                 return settled
             with transaction.atomic(using=store.using, savepoint=savepoint):
-                response = keyed.view()
+                result = operation.run(claim.attempts)
             rolled_back = transaction.get_rollback(store.using)
-            if rolled_back or not keyed.policy.stores(response.status_code):
+            if rolled_back or not operation.keeps(result):
                 # Keep nothing, so that a retry runs on a clean slate.
                 transaction.set_rollback(True, using=store.using)
-                return keyed.decision(Outcome.NOT_STORED, response)
-            if not self._complete(keyed, store, claim, response):  # pragma: no cover
+                return Answer(Outcome.NOT_STORED, result, claim.attempts)
+            if not self._complete(operation, store, claim, result):  # pragma: no cover
                 raise KeyBusy  # the row is locked by this transaction; never commit without it
-        response[STATUS_HEADER] = "stored"
-        return keyed.decision(Outcome.STORED, response)
+        return Answer(Outcome.STORED, result, claim.attempts)
 
-    def _execute_lease(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
-        """Lease mode: commit the claim first, run the view under the lease, then store.
+    def _execute_lease(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Lease mode: commit the claim first, run the body under the lease, then store.
 
-        For views whose effect leaves the database (a card charge): a duplicate sees the
-        committed claim and waits for the result, and a request that dies leaves a lease that
-        runs out, after which the next request with the key takes it over. The view's own
-        writes commit in one transaction with the completion, which the lease version fences:
-        a request whose key was taken over keeps none of them.
+        For effects that leave the database (a card charge): a duplicate sees the committed
+        claim and waits for the result, and a run that dies leaves a lease that runs out, after
+        which the next run with the key takes it over. The body's own writes commit in one
+        transaction with the completion, which the lease version fences: a run whose key was
+        taken over keeps none of them.
         """
         if transaction.get_connection(store.using).in_atomic_block:
-            msg = (
-                "Lease mode commits the key before the view runs, so the view must not run "
-                "inside a transaction: exempt it from ATOMIC_REQUESTS with "
-                "django.db.transaction.non_atomic_requests."
-            )
-            raise ImproperlyConfigured(msg)
-        claim = self._wait_for_claim(keyed, store)
+            raise ImproperlyConfigured(operation.lease_in_transaction)
+        claim = self._wait_for_claim(operation, store)
         if not isinstance(claim, Claim):
             return claim
-        with self.leases.keep(store, claim, keyed.key, keyed.policy.lease_timeout):
+        with self.leases.keep(store, claim, operation.key, operation.lease_timeout):
             try:
-                response, kept = self._run_fenced(keyed, store, claim)
+                ran = self._run_fenced(operation, store, claim)
             except Exception:
                 if _release(store, claim):
                     raise
-                return self._superseded(keyed, store)
-        if response is None or (not kept and not _release(store, claim)):
-            return self._superseded(keyed, store)  # the key is no longer this request's
-        if not kept:
-            return keyed.decision(Outcome.NOT_STORED, response, attempt=claim.attempts)
-        response[STATUS_HEADER] = "stored"
-        return keyed.decision(Outcome.STORED, response, attempt=claim.attempts)
+                return self._superseded(operation, store)
+        if ran is None:
+            return self._superseded(operation, store)  # the key is no longer this run's
+        result, kept = ran
+        if not kept and not _release(store, claim):
+            return self._superseded(operation, store)
+        outcome = Outcome.STORED if kept else Outcome.NOT_STORED
+        return Answer(outcome, result, claim.attempts)
 
-    def _wait_for_claim(self, keyed: KeyedRequest, store: KeyStore) -> Claim | Decision:
-        """Claim the key; while a live request holds it, look again until the wait runs out."""
-        deadline = time.monotonic() + keyed.policy.wait_timeout
+    def _wait_for_claim(self, operation: Operation[R], store: KeyStore) -> Claim | Answer[R]:
+        """Claim the key; while a live run holds it, look again until the wait runs out."""
+        deadline = time.monotonic() + operation.wait_timeout
         while True:
             with transaction.atomic(using=store.using):
-                found = self._acquire(keyed, store)
+                found = self._acquire(operation, store)
             if isinstance(found, Claim):
                 return found
-            if (settled := keyed.settled(found)) is not None:
+            if (settled := _settled(operation, found)) is not None:
                 return settled
             # A lease that runs out meanwhile is taken over by the claim itself.
             _pause_until(deadline)
 
     def _run_fenced(
-        self, keyed: KeyedRequest, store: KeyStore, claim: Claim
-    ) -> tuple[HttpResponseBase | None, bool]:
-        """Run the view (or the recovery hook) and store its answer in one transaction.
+        self, operation: Operation[R], store: KeyStore, claim: Claim
+    ) -> tuple[R, bool] | None:
+        """Run the body (or the recovery) and store its result in one transaction.
 
-        Return the response and whether it was kept. ``(None, False)``: the lease was taken
-        over meanwhile, so the view's writes were rolled back. A response that is not to be
-        stored is returned unkept, its writes rolled back too.
+        Return the result and whether it was kept; ``None`` if the lease was taken over
+        meanwhile, so the body's writes were rolled back. A result that is not to be stored is
+        returned unkept, its writes rolled back too.
         """
-        policy = keyed.policy
         with transaction.atomic(using=store.using):
-            response = None
-            if claim.attempts > 1 and policy.recover is not None:
-                # An earlier request with this key did not finish: its effect may have happened.
-                response = policy.recover(keyed.view_request, key=keyed.key, attempt=claim.attempts)
-            if response is None:
-                response = keyed.view()
-            if not policy.stores(response.status_code):
+            result = None
+            if claim.attempts > 1:
+                # An earlier run with this key did not finish: its effect may have happened.
+                result = operation.recover(claim.attempts)
+            if result is None:
+                result = operation.run(claim.attempts)
+            if not operation.keeps(result):
                 transaction.set_rollback(True, using=store.using)
-                return response, False
-            if not self._complete(keyed, store, claim, response):
+                return result, False
+            if not self._complete(operation, store, claim, result):
                 transaction.set_rollback(True, using=store.using)
-                return None, False
-        return response, True
+                return None
+        return result, True
 
-    def _superseded(self, keyed: KeyedRequest, store: KeyStore) -> Decision:
-        """Answer a request whose key was taken over while it ran with the new owner's answer."""
+    def _superseded(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Answer a run whose key was taken over while it ran with the new owner's answer."""
         logger.error(
-            "the lease on idempotency key %s was taken over while its request ran: its writes "
+            "the lease on idempotency key %s (%s %s) was taken over while it ran: its writes "
             "were rolled back, and it answers with the new owner's result",
-            keyed.key,
+            operation.key,
+            operation.method,
+            operation.route,
         )
-        deadline = time.monotonic() + keyed.policy.wait_timeout
+        deadline = time.monotonic() + operation.wait_timeout
         while True:
-            found = store.replay(keyed.new_key(self.clock()))
-            if (settled := keyed.settled(found)) is not None:
+            found = store.replay(operation.new_key(self.clock()))
+            if (settled := _settled(operation, found)) is not None:
                 return settled
             _pause_until(deadline)
 
