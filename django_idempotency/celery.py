@@ -2,8 +2,8 @@
 
 Celery delivers at least once: a worker that dies under ``acks_late``, a producer that sends
 twice after a timeout, a broker's visibility timeout, beat firing on two schedulers. Decorate
-the task with ``idempotent_task`` and each delivery claims the task's key in the key table
-first, as an idempotent view does:
+the task with ``idempotent_task`` and each delivery is an operation of the engine that runs
+idempotent views: it claims the task's key in the key table first, as a view's request does:
 
 - **atomic** (the default): the claim, the body's database writes and its stored result commit
   in one transaction. A duplicate returns the stored result without running the body; a body
@@ -31,31 +31,26 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from django import db
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import router, transaction
-from django.utils import timezone
 
 from django_idempotency import _optional, canonical, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
-from django_idempotency.engine import ROUTE_LENGTH, fit_scope
+from django_idempotency.engine import Operation, Record, default_engine, fit_scope
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
-from django_idempotency.leases import leases
-from django_idempotency.models import IdempotencyKey
 from django_idempotency.outcomes import Outcome
-from django_idempotency.store import Claim, Conflict, KeyBusy, KeyStore, NewKey, StoredResponse
 
 with _optional.requires("celery", __name__):
     from celery import shared_task
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import datetime, timedelta
+    from datetime import timedelta
 
     from celery import Task
 
     from django_idempotency.conf import Mode
+    from django_idempotency.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 
@@ -63,8 +58,6 @@ logger = logging.getLogger("django_idempotency")
 KEY_ARGUMENT = "idempotency_key"
 OnBusy = Literal["retry", "skip"]
 
-# Lease mode: how often a delivery looks again while another holds the key's lease.
-POLL_SECONDS = 0.05
 _RESULT_HEADERS = [("Content-Type", "application/json")]
 
 
@@ -160,7 +153,7 @@ def idempotent_task(
         def run(task: Task, *args: Any, **kwargs: Any) -> Any:
             call = functools.partial(body, task, *args) if bind else functools.partial(body, *args)
             with correlation.bind(_correlation_id(task)):
-                return TaskRun(task, options, args, kwargs).execute(call, takes_key=takes_key)
+                return TaskRun(task, options, args, kwargs, call, takes_key=takes_key).execute()
 
         # Celery checks a task's arguments against this when it is sent, not in the worker.
         run.__signature__ = _signature(body, bind=bind)  # type: ignore[attr-defined]
@@ -216,11 +209,26 @@ def arguments_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     return canonical.sha256({"args": list(args), "kwargs": kwargs})
 
 
-class TaskRun:
-    """One delivery of an idempotent task: claim its key, run the body, store its result."""
+class TaskRun(Operation[Any]):
+    """One delivery of an idempotent task: the operation the engine runs once per key.
+
+    Its result is stored as JSON, as a response's body; a duplicate gets it back decoded.
+    """
+
+    lease_in_transaction = (
+        "A lease-mode task commits its key before its body runs, so it must not run "
+        "inside a transaction."
+    )
 
     def __init__(
-        self, task: Task, options: TaskOptions, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        task: Task,
+        options: TaskOptions,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        body: Callable[..., Any],
+        *,
+        takes_key: bool = False,
     ) -> None:
         self.task = task
         self.options = options
@@ -241,123 +249,57 @@ class TaskRun:
         scope = f"task:{self.name}"
         if options.tenant is not None:
             scope = f"{scope}|tenant:{options.tenant(*args, **kwargs)}"
-        self.scope = fit_scope(scope)
         # What the body and the recover hook get: the key, with its downstream_key.
-        self.key = ScopedKey(key, self.scope)
+        self.key = ScopedKey(key, fit_scope(scope))
+        # ``takes_key``: the body is called with the key as its ``idempotency_key`` argument.
+        self.body = functools.partial(body, **{KEY_ARGUMENT: self.key}) if takes_key else body
+        self.method = TASK_METHOD
+        self.route = self.name
         self.fingerprint = arguments_fingerprint(args, kwargs)
-        self.mode: Mode = options.mode
-        self.ttl: timedelta = options.setting("TTL")
-        self.wait_timeout: float = options.setting("WAIT_TIMEOUT")
-        self.lease_timeout: timedelta = options.setting("LEASE_TIMEOUT")
+        self.mode = options.mode
+        self.ttl = options.setting("TTL")
+        self.wait_timeout = options.setting("WAIT_TIMEOUT")
+        self.lease_timeout = options.setting("LEASE_TIMEOUT")
+        self.attempt: int | None = None  # once the key is claimed
         self.started = time.perf_counter()
 
-    def new_key(self, now: datetime) -> NewKey:
-        return NewKey(
-            scope=self.scope,
-            key=self.key,
-            method=TASK_METHOD,
-            route=self.name[:ROUTE_LENGTH],
-            fingerprint=self.fingerprint,
-            now=now,
-            expires_at=now + self.ttl,
-            wait_timeout=self.wait_timeout,
-            locked_until=now + self.lease_timeout if self.mode == "lease" else None,
-        )
-
-    def execute(self, body: Callable[..., Any], *, takes_key: bool = False) -> Any:
-        """Run ``body`` once for the key; or return the result stored by the run that did.
-
-        ``takes_key``: the body is called with the key as its ``idempotency_key`` argument.
-        """
-        if takes_key:
-            body = functools.partial(body, **{KEY_ARGUMENT: self.key})
+    def execute(self) -> Any:
+        """Run the body once for the key; or return the result stored by the run that did."""
         if not idempotency_settings.ENABLED:
-            return body(**self.kwargs)
-        store = KeyStore(router.db_for_write(IdempotencyKey))
+            return self.body(**self.kwargs)
         try:
-            if self.mode == "lease":
-                return self._lease(store, body)
-            return self._atomic(store, body)
-        except KeyBusy:
+            answer = default_engine.run(self)
+        except BaseException as exc:  # Celery's Retry too: nothing of the run is kept
+            if self.attempt is not None:
+                self._report(Outcome.NOT_STORED, attempt=self.attempt, error=exc)
+            raise
+        if answer.outcome == Outcome.IN_PROGRESS:
             return self._busy()
+        self._report(answer.outcome, attempt=answer.attempt)
+        if answer.outcome == Outcome.MISMATCH:
+            msg = f"The key {self.key!r} of task {self.name} was used with other arguments."
+            raise TaskPayloadMismatch(msg)
+        return answer.result
 
-    def _atomic(self, store: KeyStore, body: Callable[..., Any]) -> Any:
-        with transaction.atomic(using=store.using):
-            found = store.acquire(self.new_key(timezone.now()))
-            if not isinstance(found, Claim):
-                return self._settled(found)
-            try:
-                result = body(**self.kwargs)
-                stored = _encode(result)
-            except BaseException as exc:  # Celery's Retry too: the key goes with the writes
-                self._report(Outcome.NOT_STORED, claim=found, error=exc)
-                raise
-            if not store.complete(found, now=timezone.now(), **stored):  # pragma: no cover
-                raise KeyBusy  # the row is locked by this transaction; never commit without it
-        self._report(Outcome.STORED, claim=found)
-        return result
+    def run(self, attempt: int) -> Any:
+        self.attempt = attempt
+        return self.body(**self.kwargs)
 
-    def _lease(self, store: KeyStore, body: Callable[..., Any]) -> Any:
-        if transaction.get_connection(store.using).in_atomic_block:
-            msg = (
-                "A lease-mode task commits its key before its body runs, so it must not run "
-                "inside a transaction."
-            )
-            raise ImproperlyConfigured(msg)
-        deadline = time.monotonic() + self.wait_timeout
-        while True:
-            with transaction.atomic(using=store.using):
-                found = store.acquire(self.new_key(timezone.now()))
-            if isinstance(found, Claim):
-                break
-            if isinstance(found, StoredResponse) or not found.fingerprint_matches:
-                return self._settled(found)
-            # A lease that runs out meanwhile is taken over by the claim itself.
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise KeyBusy
-            time.sleep(min(POLL_SECONDS, remaining))
-        claim = found
-        with leases.keep(store, claim, self.key, self.lease_timeout):
-            try:
-                with transaction.atomic(using=store.using):
-                    result = self._recovered(claim, body)
-                    kept = store.complete(claim, now=timezone.now(), **_encode(result))
-                    if not kept:
-                        transaction.set_rollback(True, using=store.using)
-            except BaseException as exc:
-                self._report(Outcome.NOT_STORED, claim=claim, error=exc)
-                _release(store, claim)
-                raise
-        if not kept:
-            logger.error(
-                "the lease on the key %s of task %s was taken over while it ran: its writes "
-                "were rolled back",
-                self.key,
-                self.name,
-            )
-            raise KeyBusy
-        self._report(Outcome.STORED, claim=claim)
-        return result
+    def recover(self, attempt: int) -> Any:
+        self.attempt = attempt
+        if self.options.recover is None:
+            return None
+        return self.options.recover(*self.args, key=self.key, attempt=attempt, **self.kwargs)
 
-    def _recovered(self, claim: Claim, body: Callable[..., Any]) -> Any:
-        recover = self.options.recover
-        if claim.attempts > 1 and recover is not None:
-            # An earlier delivery with this key did not finish: its effect may have happened.
-            result = recover(*self.args, key=self.key, attempt=claim.attempts, **self.kwargs)
-            if result is not None:
-                return result
-        return body(**self.kwargs)
+    def keeps(self, result: Any) -> bool:
+        return True  # a body that fails raises
 
-    def _settled(self, found: StoredResponse | Conflict) -> Any:
-        if isinstance(found, StoredResponse):
-            self._report(Outcome.REPLAYED, attempt=found.replay_count + 1)
-            return json.loads(found.body)
-        if found.fingerprint_matches:
-            raise KeyBusy  # atomic mode: the store already waited as long as it may
-        self._report(Outcome.MISMATCH)
-        msg = f"The key {self.key!r} of task {self.name} was used with other arguments."
-        raise TaskPayloadMismatch(msg)
+    def encode(self, result: Any) -> Record:
+        body = json.dumps(result, cls=DjangoJSONEncoder).encode()
+        return Record(200, _RESULT_HEADERS, body)
+
+    def decode(self, stored: StoredResponse) -> Any:
+        return json.loads(stored.body)
 
     def _busy(self) -> Any:
         """Another delivery holds the key: try again later, or leave the key to it."""
@@ -371,15 +313,8 @@ class TaskRun:
         raise self.task.retry(countdown=countdown, exc=TaskInProgress(msg))
 
     def _report(
-        self,
-        outcome: Outcome,
-        *,
-        claim: Claim | None = None,
-        attempt: int = 1,
-        error: BaseException | None = None,
+        self, outcome: Outcome, *, attempt: int = 1, error: BaseException | None = None
     ) -> None:
-        if claim is not None:
-            attempt = claim.attempts
         duration = time.perf_counter() - self.started
         logger.info(
             "idempotent task %s: key=%s task=%s",
@@ -404,17 +339,3 @@ class TaskRun:
             attempt=attempt,
             error=error,
         )
-
-
-def _encode(result: Any) -> dict[str, Any]:
-    """The stored form of a task's result: JSON, as a stored response's body."""
-    body = json.dumps(result, cls=DjangoJSONEncoder).encode()
-    return {"status": 200, "headers": _RESULT_HEADERS, "body": body}
-
-
-def _release(store: KeyStore, claim: Claim) -> None:
-    """Mark a lease-mode key failed so the next delivery runs; never mask the body's error."""
-    try:
-        store.fail(claim)
-    except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
-        logger.warning("could not release an idempotency key; its lease will run out")

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import OperationalError, transaction
-from django.test import override_settings
+from django.db import InterfaceError, OperationalError, ProgrammingError, transaction
+from django.http import JsonResponse
+from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import canonical, signals
@@ -28,12 +29,15 @@ from django_idempotency.celery import (
     idempotent_task,
 )
 from django_idempotency.correlation import get_correlation_id
+from django_idempotency.engine import Engine
 from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.policy import Policy
 from django_idempotency.store import KeyStore
 from tests.conftest import CI, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.task_worker import LEASE_TIMEOUT, QUEUE, make_app, refund
+from tests.test_store import in_threads
 from tests.testapp.models import Refund
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -532,6 +536,154 @@ def test_a_lease_taken_over_while_the_body_ran_keeps_none_of_its_writes():
     with pytest.raises(TaskInProgress):
         overtaken.apply(kwargs={"idempotency_key": "k"}).get()
     assert not Refund.objects.exists()
+
+
+# One engine: an operation run through a view and through a task takes the same path.
+
+OUTCOME_SIGNALS = [
+    signals.key_stored,
+    signals.key_replayed,
+    signals.payload_mismatch,
+    signals.request_in_progress,
+    signals.response_not_stored,
+    signals.task_decided,
+]
+BODY_RUNS: list[int] = []
+
+
+def shared_body(amount):
+    BODY_RUNS.append(amount)
+    Refund.objects.create(event_id=f"run-{len(BODY_RUNS)}", amount=amount)
+    return {"amount": amount, "run": len(BODY_RUNS)}
+
+
+@idempotent_task(name="tests.shared", mode="lease", lease_timeout=30, wait_timeout=0.1)
+def shared_task_body(amount):
+    return shared_body(amount)
+
+
+class ThroughAView:
+    """Run ``shared_body`` as a lease-mode view; answer with its result or its problem code."""
+
+    method = "POST"
+
+    def __call__(self, amount, key="k"):
+        request = RequestFactory().post(
+            "/shared/", json.dumps({"amount": amount}), content_type="application/json"
+        )
+        request.META["HTTP_IDEMPOTENCY_KEY"] = key
+        policy = Policy.from_settings(mode="lease", lease_timeout=30, wait_timeout=0.1)
+        response = Engine().handle(
+            request, lambda: JsonResponse(shared_body(amount)), policy=policy, sender=None
+        )
+        answer = json.loads(response.content)
+        return answer.get("code", answer)
+
+
+class ThroughATask:
+    """Run ``shared_body`` as a lease-mode task; answer with its result or its exception."""
+
+    method = "TASK"
+
+    def __call__(self, amount, key="k"):
+        try:
+            return shared_task_body.apply((amount,), {"idempotency_key": key}, retries=99).get()
+        except (TaskPayloadMismatch, TaskInProgress) as exc:
+            return type(exc).__name__
+
+
+@pytest.fixture(params=[ThroughAView, ThroughATask])
+def adapter(request):
+    BODY_RUNS.clear()
+    outcomes = []
+
+    def receiver(sender, **kwargs):
+        outcomes.append(kwargs["outcome"])
+
+    for signal in OUTCOME_SIGNALS:
+        signal.connect(receiver, weak=False, dispatch_uid="shared-outcomes")
+    run = request.param()
+    run.outcomes = outcomes
+    yield run
+    for signal in OUTCOME_SIGNALS:
+        signal.disconnect(dispatch_uid="shared-outcomes")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_and_a_task_store_replay_refuse_and_wait_alike(adapter):
+    first = adapter(5)
+    again = adapter(5)
+    other = adapter(7)
+    row = key_row(key="k")
+    row.locked_until = timezone.now() + timedelta(seconds=30)
+    row.state = "in_progress"
+    row.save()
+    busy = adapter(5)
+
+    assert first == again == {"amount": 5, "run": 1}
+    assert other in ("idempotency.payload_mismatch", "TaskPayloadMismatch")
+    assert busy in ("idempotency.in_progress", "TaskInProgress")
+    assert BODY_RUNS == [5]
+    assert adapter.outcomes == ["stored", "replayed", "mismatch", "in_progress"]
+    assert (row.method, row.lease_version, row.attempts, row.response_status) == (
+        adapter.method,
+        1,
+        1,
+        200,
+    )
+    assert json.loads(bytes(row.response_body)) == first
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_view_and_a_task_whose_lease_was_taken_over_answer_with_the_new_owners_result(
+    adapter, monkeypatch
+):
+    def take_over():
+        # Another delivery of the same key, after this one's lease (as it seems) ran out.
+        IdempotencyKey.objects.filter(key="k").update(locked_until=timezone.now())
+        return adapter(5)
+
+    real_body, runs, new_owner = shared_body, [], []
+
+    def overtaken(amount):
+        runs.append(amount)
+        if len(runs) > 1:
+            return real_body(amount)  # the new owner's run
+        new_owner.extend(in_threads(1, lambda _: take_over()))
+        Refund.objects.create(event_id="stale", amount=amount)
+        return {"amount": amount, "run": "stale"}
+
+    monkeypatch.setattr(f"{__name__}.shared_body", overtaken)
+    answer = adapter(5)
+
+    assert new_owner == [{"amount": 5, "run": 1}]
+    assert answer == {"amount": 5, "run": 1}  # the new owner's, not its own
+    assert Refund.objects.get().event_id == "run-1"  # the stale run kept nothing
+    assert key_row(key="k").lease_version == 2
+    assert adapter.outcomes == ["stored", "replayed"]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("error", "left_to_its_lease"),
+    [(OperationalError, True), (InterfaceError, True), (ProgrammingError, False)],
+)
+def test_a_view_and_a_task_release_their_key_on_one_rule(
+    adapter, monkeypatch, error, left_to_its_lease
+):
+    # A key whose release meets an unavailable database is left to its lease, and the body's
+    # own error stands; any other database error in the release is a fault, and surfaces.
+    def release_fails(self, claim):
+        raise error("release failed")
+
+    def body_that_fails(amount):
+        raise Boom(amount)
+
+    monkeypatch.setattr(KeyStore, "fail", release_fails)
+    monkeypatch.setattr(f"{__name__}.shared_body", body_that_fails)
+    with pytest.raises(Boom if left_to_its_lease else error):
+        adapter(5)
+    assert key_row(key="k").state == "in_progress"
 
 
 # With real workers, on PostgreSQL: a worker process per test, over Redis or RabbitMQ.
