@@ -12,7 +12,8 @@ from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.engine import Engine, default_engine
+from django_idempotency.engine import Answer, Engine, Operation, Record, default_engine, fit_scope
+from django_idempotency.keys import ScopedKey
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.outcomes import Outcome
 from django_idempotency.policy import Policy
@@ -344,3 +345,48 @@ def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
     assert send()["Idempotency-Status"] == "stored"
     assert send()["Idempotency-Status"] == "replayed"
     assert store.acquired == 2
+
+
+class Greeting(Operation):
+    """The smallest operation: no request, no task; its result is a string."""
+
+    lease_in_transaction = "not in a transaction"
+
+    def __init__(self, name, *, mode="atomic"):
+        self.key = ScopedKey("greet-1", fit_scope("tests:greeting"))
+        self.method, self.route, self.mode = "TEST", "greeting", mode
+        self.fingerprint = name.ljust(64, "0")
+        self.ttl, self.lease_timeout = timedelta(hours=1), timedelta(seconds=30)
+        self.wait_timeout = 0.1
+        self.name, self.runs = name, 0
+
+    def run(self, attempt):
+        self.runs += 1
+        return f"hello {self.name}"
+
+    def keeps(self, result):
+        return True
+
+    def encode(self, result):
+        return Record(200, [], result.encode())
+
+    def decode(self, stored):
+        return stored.body.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("mode", ["atomic", "lease"])
+def test_the_engine_runs_any_operation_once_per_key(mode):
+    first, again, other = Greeting("ada", mode=mode), Greeting("ada", mode=mode), Greeting("bob")
+
+    assert Engine().run(first) == Answer(Outcome.STORED, "hello ada", 1)
+    assert Engine().run(again) == Answer(Outcome.REPLAYED, "hello ada", 2)  # its second answer
+    assert Engine().run(other) == Answer(Outcome.MISMATCH)
+    assert (first.runs, again.runs, other.runs) == (1, 0, 0)
+    row = IdempotencyKey.objects.get()
+    assert (row.method, row.route, row.state, bytes(row.response_body)) == (
+        "TEST",
+        "greeting",
+        "succeeded",
+        b"hello ada",
+    )
