@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 
 from celery import Celery
 
@@ -17,4 +18,8 @@ app = Celery(
     backend=REDIS_URL,
     include=["django_idempotency.tasks"],
 )
-app.conf.task_default_queue = "django-idempotency-tests"
+# A queue of each test run's own (a worker it starts inherits the name), so that no run's
+# workers take, or purge, another run's tasks.
+app.conf.task_default_queue = os.environ.setdefault(
+    "TEST_CELERY_QUEUE", f"django-idempotency-tests-{uuid.uuid4().hex}"
+)

@@ -26,8 +26,9 @@ from tests.testapp.models import Refund  # noqa: E402
 
 REDIS_URL = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CELERY_DB', '14')}"
 BROKERS = {"redis": REDIS_URL, "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//"}
-# Parallel runs on one machine keep apart by their Redis database and their queue's name.
-QUEUE = f"django-idempotency-tasks-{os.environ.get('TEST_REDIS_CELERY_DB', '14')}"
+# Parallel runs on one machine keep apart by their queue: each test run names its own (a worker
+# it starts inherits the name), so that no run's workers take, or purge, another run's tasks.
+QUEUE = os.environ.setdefault("TEST_TASK_QUEUE", f"django-idempotency-tasks-{uuid.uuid4().hex}")
 # How long a Redis broker leaves a message that a worker took but never acknowledged (it died)
 # before another worker gets it; RabbitMQ hands it over when the dead worker's connection drops.
 VISIBILITY_TIMEOUT = 3
