@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.conf import settings
-from django.db import connection
+from django.db import connections
 
 from django_idempotency.inbox import StripeSignature
 
@@ -85,7 +85,7 @@ def _elsewhere(work: Callable[[], T]) -> T:
         except BaseException as exc:  # handed to the caller below
             result["error"] = exc
         finally:
-            connection.close()
+            connections.close_all()  # this thread's: the project's, and the provider's own
 
     thread = threading.Thread(target=run)
     thread.start()
