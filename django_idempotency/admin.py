@@ -36,7 +36,7 @@ from django_idempotency.inbox import processing as inbox
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
 from django_idempotency.reconcile import NEEDS_ATTENTION
-from django_idempotency.store import KeyStore
+from django_idempotency.store import key_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -576,7 +576,7 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
         # What the sweeper does, to the selected keys only.
         now = timezone.now()
         stuck = list(queryset.filter(locked_until__lte=now))
-        store = KeyStore(router.db_for_write(IdempotencyKey))
+        store = key_store(IdempotencyKey, router.db_for_write(IdempotencyKey))
         count = store.release_expired(now, limit=len(stuck), ids=[key.pk for key in stuck])
         for key in stuck:
             self.log_change(request, key, "Released its expired lease.")

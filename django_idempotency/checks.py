@@ -16,8 +16,8 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
+from django_idempotency.databases import SUPPORTED_VENDORS
 from django_idempotency.policy import SETTING_OF
-from django_idempotency.store import SUPPORTED_VENDORS
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence

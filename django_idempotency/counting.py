@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from datetime import datetime
 
     from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteDatabaseWrapper
+    from django.db.models import Model
+
+    # The rows of one table on one database.
+    Rows = tuple[type[Model], str]
 
 logger = logging.getLogger("django_idempotency")
 
@@ -47,33 +51,33 @@ class Count:
 
 
 class DeferredCounts:
-    """This process's counts not yet written, by database alias and (row id, row version).
+    """This process's counts not yet written, by table, database alias and (row id, row version).
 
-    ``write(using, counts)`` writes one database's counts in one transaction.
+    ``write(model, using, counts)`` writes one table's counts on one database in one transaction.
     """
 
     def __init__(
         self,
-        write: Callable[[str, Mapping[tuple[int, int], Count]], None],
+        write: Callable[[type[Model], str, Mapping[tuple[int, int], Count]], None],
         delay: float = FLUSH_DELAY,
     ) -> None:
         self.write = write
         self.delay = delay
-        self._pending: dict[str, dict[tuple[int, int], Count]] = {}
+        self._pending: dict[Rows, dict[tuple[int, int], Count]] = {}
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
 
-    def add(self, using: str, row_id: int, version: int, at: datetime) -> int:
-        """Count one more of the row ``row_id`` (at ``version``) at ``at``, to be written
-        within ``delay``.
+    def add(self, model: type[Model], using: str, row_id: int, version: int, at: datetime) -> int:
+        """Count one more of ``model``'s row ``row_id`` (at ``version``) at ``at``, to be
+        written within ``delay``.
 
         Return how many of that row this process counted since its last write.
         """
         if _shared_in_memory(using):
-            self._write(using, {(row_id, version): Count(1, at)})
+            self._write((model, using), {(row_id, version): Count(1, at)})
             return 1
         with self._lock:
-            rows = self._pending.setdefault(using, {})
+            rows = self._pending.setdefault((model, using), {})
             count = rows.get((row_id, version))
             if count is None:
                 count = rows[(row_id, version)] = Count(0, at)
@@ -106,11 +110,11 @@ class DeferredCounts:
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None
-        return sum(self._write(using, rows) for using, rows in pending.items())
+        return sum(self._write(table, rows) for table, rows in pending.items())
 
-    def _write(self, using: str, rows: Mapping[tuple[int, int], Count]) -> int:
+    def _write(self, table: Rows, rows: Mapping[tuple[int, int], Count]) -> int:
         try:
-            self.write(using, rows)
+            self.write(*table, rows)
         except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             logger.warning("could not write the deferred counts of %d rows", len(rows))
             return 0

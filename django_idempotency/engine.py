@@ -49,6 +49,7 @@ from django_idempotency.store import (
     KeyStore,
     NewKey,
     StoredResponse,
+    key_store,
 )
 
 if TYPE_CHECKING:
@@ -407,7 +408,7 @@ class Engine:
                 )
                 if cached is not None:
                     return Answer(Outcome.REPLAYED, operation.decode(cached))
-            store = self.store or KeyStore(router.db_for_write(IdempotencyKey))
+            store = self.store or key_store(IdempotencyKey, router.db_for_write(IdempotencyKey))
             if operation.mode == "lease":
                 return self._execute_lease(operation, store)
             return self._execute(operation, store)

@@ -99,7 +99,9 @@ class LeaseKeeper:
     def _renew(self, lease: _Lease) -> None:
         timeout = lease.timeout.total_seconds()
         lease.due = time.monotonic() + timeout / 3
-        store = type(lease.store)(lease.store.using)  # this thread's own connection
+        store = type(lease.store)(
+            lease.store.model, lease.store.using
+        )  # this thread's own connection
         try:
             renewed = store.renew(lease.claim, timezone.now() + lease.timeout)
         except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError

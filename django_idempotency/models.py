@@ -1,36 +1,21 @@
 from __future__ import annotations
 
-import logging
-import time
 import uuid
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models, router, transaction
+from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import reconcile
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.store import KeyStore, again_after_deadlocks, placeholders
+# The managers work on the model they manage, and import nothing of this module.
+from django_idempotency.lifecycle import (
+    IdempotencyKeyManager,
+    InboxEventQuerySet,
+    OutboxMessageQuerySet,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from datetime import datetime
-
-
-logger = logging.getLogger("django_idempotency")
-
-
-@dataclass(frozen=True)
-class PurgeResult:
-    """What one purge run did."""
-
-    deleted: int
-    batches: int
-    seconds: float
-    longest_batch: float  # seconds: the longest that one batch's transaction took
-    complete: bool  # False when the run stopped at its time limit
 
 
 class PartialIndex(models.Index):
@@ -54,85 +39,6 @@ class PartialIndex(models.Index):
         if schema_editor.connection.features.supports_partial_indexes:
             index = models.Index(fields=self.fields, name=self.name, condition=self.where)
         return index.create_sql(model, schema_editor, using=using, **kwargs)
-
-
-class IdempotencyKeyManager(models.Manager["IdempotencyKey"]):
-    def purge_expired(
-        self,
-        *,
-        now: datetime | None = None,
-        batch_size: int = 10_000,
-        pause: float = 0.0,
-        max_seconds: float | None = None,
-    ) -> PurgeResult:
-        """Delete keys past their expiry, ``batch_size`` ids at a time, each batch committed alone.
-
-        Walks the primary key from the oldest row to the newest that existed at the start, so
-        each batch is a short range delete that holds its locks only until it commits; call it
-        outside a transaction. ``pause`` seconds between batches throttle the run;
-        ``max_seconds`` bounds it (the next run carries on). Safe in several processes at once.
-        """
-        now = now or timezone.now()
-        store = KeyStore(router.db_for_write(self.model))
-        bounds = self.using(store.using).aggregate(low=models.Min("pk"), high=models.Max("pk"))
-        started = time.monotonic()
-        deleted = batches = 0
-        longest_batch = 0.0
-        complete = True
-        if bounds["low"] is not None:
-            for low in range(bounds["low"], bounds["high"] + 1, batch_size):
-                if max_seconds is not None and time.monotonic() - started >= max_seconds:
-                    complete = False
-                    break
-                batch_started = time.monotonic()
-                deleted += store.purge_range(low, low + batch_size, now)
-                longest_batch = max(longest_batch, time.monotonic() - batch_started)
-                batches += 1
-                if pause:
-                    time.sleep(pause)
-        result = PurgeResult(deleted, batches, time.monotonic() - started, longest_batch, complete)
-        logger.info(
-            "purged %d expired idempotency keys in %d batches (%.3f s)%s",
-            result.deleted,
-            result.batches,
-            result.seconds,
-            "" if complete else "; stopped at the time limit",
-            extra={"idempotency_purged": result.deleted, "idempotency_batches": result.batches},
-        )
-        return result
-
-    def sweep_expired_leases(self, *, now: datetime | None = None, batch_size: int = 1_000) -> int:
-        """Settle keys whose lease ran out, in batches; return how many were settled.
-
-        A request that died (a killed worker) leaves its key in progress until its lease runs
-        out; then the next request with the key takes it over anyway. Sweeping does it ahead
-        of time, and fences the dead request: it raises the lease version, so a worker that
-        was only slow can no longer store its result. Safe in several processes at once: a
-        lease is swept once.
-
-        With a ``RECONCILE`` hook (the setting, or a view's own), the hook is asked about each
-        key first: its answer is stored, or the key released, or left for a person (see
-        ``django_idempotency.reconcile``). Settled means stored or released.
-        """
-        return self.settle_expired_leases(now=now, batch_size=batch_size).settled
-
-    def settle_expired_leases(
-        self, *, now: datetime | None = None, batch_size: int = 1_000
-    ) -> reconcile.SweepResult:
-        """``sweep_expired_leases()``, telling what became of each key it found."""
-        now = now or timezone.now()
-        result = reconcile.sweep(router.db_for_write(self.model), now, batch_size)
-        logger.info(
-            "swept %d expired idempotency leases (%d released, %d reconciled, %d unknown, "
-            "%d hook errors)",
-            result.settled,
-            result.released,
-            result.reconciled,
-            result.unknown,
-            result.errors,
-            extra={"idempotency_swept": result.settled},
-        )
-        return result
 
 
 class IdempotencyKey(models.Model):
@@ -198,7 +104,7 @@ class IdempotencyKey(models.Model):
     )
     last_replayed_at = models.DateTimeField(_("last replayed at"), null=True, blank=True)
 
-    objects = IdempotencyKeyManager()
+    objects = IdempotencyKeyManager["IdempotencyKey"]()
 
     class Meta:
         verbose_name = _("idempotency key")
@@ -221,87 +127,6 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} ({self.method} {self.route})"
-
-
-def _purge_batches(
-    model: type[models.Model],
-    *,
-    done_at: str,
-    status: str,
-    older_than: datetime,
-    batch_size: int,
-    max_seconds: float | None,
-) -> int:
-    """Delete the rows in ``status`` whose ``done_at`` is before ``older_than``, in batches."""
-    connection = connections[router.db_for_write(model)]
-    quote = connection.ops.quote_name
-    table = quote(model._meta.db_table)
-    pk, status_column, done = (quote(name) for name in ("id", "status", done_at))
-    pick = f"SELECT {pk} FROM {table} WHERE {status_column} = %s AND {done} < %s "  # noqa: S608
-    pick += f"ORDER BY {done} LIMIT %s"
-    if connection.vendor != "sqlite":
-        pick += " FOR UPDATE SKIP LOCKED"  # another purge's batch is its own
-    # Our own DELETE, not QuerySet.delete(): see KeyStore.purge_range().
-    delete = f"DELETE FROM {table} WHERE {pk} IN ({pick})"  # noqa: S608
-    # MariaDB refuses a LIMIT in an IN subquery: there the batch is picked, then deleted.
-    picked = connection.vendor == "mysql"
-    cutoff = model._meta.get_field(done_at).get_db_prep_value(older_than, connection)  # type: ignore[union-attr] # a concrete field
-
-    def batch() -> int:
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(pick if picked else delete, [status, cutoff, batch_size])
-            count = int(cursor.rowcount)
-            if picked and (ids := [row[0] for row in cursor.fetchall()]):
-                # By the primary key alone: see statements.mariadb().
-                cursor.execute(
-                    "SET STATEMENT in_predicate_conversion_threshold = 0 FOR "
-                    f"DELETE {table} FROM {table} FORCE INDEX (PRIMARY) "
-                    f"WHERE {pk} IN ({placeholders(ids)})",
-                    ids,
-                )
-            return count
-
-    started = time.monotonic()
-    deleted = 0
-    while max_seconds is None or time.monotonic() - started < max_seconds:
-        count = again_after_deadlocks(batch, connection)
-        deleted += count
-        if count < batch_size:
-            break
-    logger.info(
-        "purged %d %s %s",
-        deleted,
-        status,
-        model._meta.verbose_name_plural,
-        extra={"idempotency_purged": deleted},
-    )
-    return deleted
-
-
-class InboxEventQuerySet(models.QuerySet["InboxEvent"]):
-    def purge_processed(
-        self,
-        *,
-        older_than: datetime | None = None,
-        batch_size: int = 1_000,
-        max_seconds: float | None = None,
-    ) -> int:
-        """Delete events processed before ``older_than``, ``batch_size`` at a time; return how many.
-
-        ``older_than`` defaults to ``INBOX_RETENTION`` ago. Each batch is a transaction of its
-        own; call it outside one. Only processed events are deleted: a failed or dead event
-        stays until a person deals with it. Safe in several processes at once.
-        """
-        if older_than is None:
-            older_than = timezone.now() - idempotency_settings.INBOX_RETENTION
-        return _purge_batches(
-            self.model,
-            done_at="processed_at",
-            status="processed",
-            older_than=older_than,
-            batch_size=batch_size,
-            max_seconds=max_seconds,
-        )
 
 
 class InboxEvent(models.Model):
@@ -367,7 +192,7 @@ class InboxEvent(models.Model):
     last_error = models.TextField(_("last error"), blank=True)
     last_traceback = models.TextField(_("last traceback"), blank=True)
 
-    objects = InboxEventQuerySet.as_manager()
+    objects = InboxEventQuerySet["InboxEvent"].as_manager()
 
     class Meta:
         verbose_name = _("inbox event")
@@ -401,32 +226,6 @@ class InboxEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.source} {self.event_id}"
-
-
-class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
-    def purge_dispatched(
-        self,
-        *,
-        older_than: datetime | None = None,
-        batch_size: int = 1_000,
-        max_seconds: float | None = None,
-    ) -> int:
-        """Delete messages dispatched before ``older_than``, in batches; return how many.
-
-        ``older_than`` defaults to ``OUTBOX_RETENTION`` ago. Only dispatched messages are
-        deleted: a message that was never sent stays, however old. Call it outside a
-        transaction. Safe in several processes at once.
-        """
-        if older_than is None:
-            older_than = timezone.now() - idempotency_settings.OUTBOX_RETENTION
-        return _purge_batches(
-            self.model,
-            done_at="dispatched_at",
-            status="dispatched",
-            older_than=older_than,
-            batch_size=batch_size,
-            max_seconds=max_seconds,
-        )
 
 
 class OutboxMessage(models.Model):
@@ -472,7 +271,7 @@ class OutboxMessage(models.Model):
     dispatched_at = models.DateTimeField(_("dispatched at"), null=True, blank=True)
     last_error = models.TextField(_("last error"), blank=True)
 
-    objects = OutboxMessageQuerySet.as_manager()
+    objects = OutboxMessageQuerySet["OutboxMessage"].as_manager()
 
     class Meta:
         verbose_name = _("outbox message")

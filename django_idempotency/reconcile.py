@@ -34,13 +34,13 @@ from django.utils import timezone
 from django_idempotency.conf import idempotency_settings, resolve_callable
 from django_idempotency.keys import downstream_key
 from django_idempotency.responses import capture
-from django_idempotency.statements import key_model
-from django_idempotency.store import Claim, KeyStore
+from django_idempotency.store import KeyStore, key_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
     from datetime import datetime
 
+    from django.db.models import Model
     from django.http import HttpResponseBase
 
 logger = logging.getLogger("django_idempotency")
@@ -153,9 +153,9 @@ def hooks_by_route(urlconf: str | None = None) -> dict[str, Callable[[ExpiredKey
     return found
 
 
-def sweep(using: str, now: datetime, batch_size: int) -> SweepResult:
-    """Settle the leases that ran out by ``now``: ask their hook, or release them."""
-    store = KeyStore(using)
+def sweep(model: type[Model], using: str, now: datetime, batch_size: int) -> SweepResult:
+    """Settle ``model``'s leases that ran out by ``now``: ask their hook, or release them."""
+    store = key_store(model, using)
     result = SweepResult()
     default = idempotency_settings.RECONCILE
     by_route = hooks_by_route()
@@ -167,7 +167,7 @@ def sweep(using: str, now: datetime, batch_size: int) -> SweepResult:
                 return result
     after: tuple[datetime, int] | None = None
     while True:
-        rows = _expired(using, now, batch_size, after)
+        rows = store.expired_leases(now, batch_size, after)
         released = [row for row in rows if by_route.get(row.route, default) is None]
         if released:
             ids = [row.pk for row in released]
@@ -182,36 +182,14 @@ def sweep(using: str, now: datetime, batch_size: int) -> SweepResult:
         after = (rows[-1].locked_until, rows[-1].pk)
 
 
-def _expired(
-    using: str, now: datetime, limit: int, after: tuple[datetime, int] | None
-) -> list[Any]:
-    """The next expired leases, oldest first, not left for a person.
-
-    Read without a lock: each is then taken by a compare-and-set of its own, so that no lock is
-    held while its hook runs.
-    """
-    rows = (
-        key_model()
-        .objects.using(using)
-        .filter(state=IN_PROGRESS, locked_until__lte=now)
-        .exclude(unsettled_lease_version=F("lease_version"))
-    )
-    if after is not None:
-        moment, pk = after
-        rows = rows.filter(Q(locked_until__gt=moment) | Q(locked_until=moment, pk__gt=pk))
-    return list(rows.order_by("locked_until", "pk")[:limit])
-
-
 def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now: datetime) -> str:
     """Take the key over, ask ``hook``, and store what it says; fenced like a request's result."""
     timeout = idempotency_settings.RECONCILE_TIMEOUT
-    keys = key_model().objects.using(store.using)
-    mine = keys.filter(pk=row.pk, lease_version=row.lease_version + 1, state=IN_PROGRESS)
     # Like a retry, the sweeper takes the expired lease over: the dead request is fenced out,
     # another sweeper skips the key, and a retry meanwhile waits (or is told to come back).
-    if not _take_over(keys, row, now, timezone.now() + timeout):
+    claim = store.take_over_expired(row, now, timezone.now() + timeout)
+    if claim is None:
         return "taken"
-    claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
     expired = ExpiredKey(
         row.scope, row.key, row.route, row.method, row.fingerprint, row.attempts, row.created_at
     )
@@ -231,45 +209,11 @@ def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now
     # The lease goes back to how the dead request left it: expired, so that a retry takes the
     # key over at once (asking the view's recovery hook, as without this one).
     if isinstance(answer, Unknown):
-        marked = mine.update(
-            locked_until=row.locked_until, unsettled_lease_version=claim.lease_version
-        )
+        marked = store.give_back(claim, row.locked_until, unsettled=True)
         _log("unknown" if marked else "taken", row, answer.reason)
         return "unknown" if marked else "taken"
-    mine.update(locked_until=row.locked_until)
+    store.give_back(claim, row.locked_until, unsettled=False)
     return "errors"
-
-
-def _take_over(keys: Any, row: Any, now: datetime, until: datetime) -> bool:
-    """Raise the expired lease's version and hold it until ``until``, if it is still as read.
-
-    The row is locked by its primary key alone, then changed by it: a condition on the lease in
-    the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with a retry
-    taking a neighbouring key over.
-    """
-    if connections[keys.db].vendor == "sqlite":
-        # One conditional UPDATE: SQLite locks the whole database, and refuses at once ("database
-        # is locked") to turn a transaction that has read into a writer while another writes.
-        changed = keys.filter(
-            pk=row.pk, lease_version=row.lease_version, state=IN_PROGRESS, locked_until__lte=now
-        ).update(lease_version=row.lease_version + 1, locked_until=until)
-        return bool(changed)
-    with transaction.atomic(using=keys.db):
-        found = (
-            keys.select_for_update()
-            .filter(pk=row.pk)
-            .values_list("lease_version", "state", "locked_until")
-        )
-        current = found.first()
-        if current is None:
-            return False  # purged meanwhile
-        version, state, locked_until = current
-        if version != row.lease_version or state != IN_PROGRESS or locked_until is None:
-            return False
-        if locked_until > now:
-            return False  # renewed by a live request, or taken over by a retry
-        keys.filter(pk=row.pk).update(lease_version=version + 1, locked_until=until)
-        return True
 
 
 def _log(outcome: str, row: Any, reason: str = "") -> None:

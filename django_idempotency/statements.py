@@ -1,32 +1,19 @@
 """The text of every statement on the ``IdempotencyKey`` table, for each database.
 
-Built once per database vendor from the model's quoted table and column names: only quoted
-identifiers are interpolated, every value is a parameter. ``store.py`` runs them.
+Built once per database from the model's quoted table and column names: only quoted identifiers
+are interpolated, every value is a parameter. ``store.py`` runs them; expired keys are deleted
+by the batched purge that every table shares (``purging.py``).
 """
 
 from __future__ import annotations
 
-from functools import cache
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple
 
-from django.apps import apps
+from django_idempotency.databases import Names
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from django.db.models import Field
-
-    from django_idempotency.models import IdempotencyKey
-
-
-def key_model() -> type[IdempotencyKey]:
-    # Looked up, not imported: the model's manager builds on the store.
-    return cast("type[IdempotencyKey]", apps.get_model("django_idempotency", "IdempotencyKey"))
-
-
-@cache
-def key_field(name: str) -> Field[Any, Any]:
-    return cast("Field[Any, Any]", key_model()._meta.get_field(name))
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Model
 
 
 # The columns a claim writes, in the order of its parameters.
@@ -55,10 +42,9 @@ class Statements(NamedTuple):
     fail: str
     renew: str
     release_expired: str  # a template: {only} narrows the rows it may pick
-    purge_range: str
-    # PostgreSQL: a purge that waits only a moment.
-    purge_range_bounded: str | None = None
-    purge_range_skip_locked: str | None = None
+    # What {only} is: the leases no person was asked about, or the ones with these ids ({ids}).
+    not_left_for_a_person: str
+    with_ids: str
 
 
 class MariaDBStatements(NamedTuple):
@@ -67,18 +53,13 @@ class MariaDBStatements(NamedTuple):
     locked_row: str  # the row that holds a key, locked
     take_over: str
     release_picked: str  # a template: {ids}
-    purge_range_bounded: str
-    purge_pick: str
-    purge_picked: str  # a template: {ids}
 
 
-def build(vendor: str, quote: Callable[[str], str]) -> Statements:
-    """The key table's statements for ``vendor`` ("postgresql", "sqlite" or "mysql")."""
-
-    def c(name: str) -> str:
-        return quote(key_field(name).column)
-
-    t = quote(key_model()._meta.db_table)
+def build(model: type[Model], connection: BaseDatabaseWrapper) -> Statements:
+    """The statements on ``model``'s table for ``connection``'s database."""
+    vendor = connection.vendor
+    c = Names(model, connection)
+    t = c.table
     columns = ", ".join(c(name) for name in INSERTED)
     values = ", ".join(["%s"] * len(INSERTED))
     # The lease version fences the write: a request whose row was taken over changes nothing.
@@ -118,10 +99,13 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
     )
     pick = f"SELECT {c('id')} FROM {t} WHERE {c('locked_until')} <= %s{{only}} "  # noqa: S608
     pick += f"ORDER BY {c('locked_until')} LIMIT %s"
-    # Our own DELETE, not QuerySet.delete(): Django's collector would load every row into
-    # Python as soon as a project connects a post_delete receiver to this model.
-    in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
-    purge_range = f"DELETE FROM {t} WHERE {in_range}"  # noqa: S608
+    # A lease the reconcile hook could not settle waits for a person, who may release it by its
+    # id.
+    unsettled, version = c("unsettled_lease_version"), c("lease_version")
+    filters = {
+        "not_left_for_a_person": f" AND ({unsettled} IS NULL OR {unsettled} <> {version})",
+        "with_ids": f" AND {c('id')} IN ({{ids}})",
+    }
     if vendor == "mysql":
         # See mariadb(); release_expired is the pick of the rows to release.
         claim = (
@@ -131,7 +115,7 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         )
         skip_locked = f"{pick} FOR UPDATE SKIP LOCKED"
         return Statements(
-            claim, claim, holder, count_replays, complete, fail, renew, skip_locked, purge_range
+            claim, claim, holder, count_replays, complete, fail, renew, skip_locked, **filters
         )
 
     # Taking over a row starts it afresh, under a new lease version. A row that never
@@ -167,7 +151,7 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
             fail,
             renew,
             f"{release}({pick})",
-            purge_range,
+            **filters,
         )
     # The insert sets a transaction-local lock_timeout before it can wait on a duplicate's
     # uncommitted row, all in one round trip, and RETURNING puts the previous value back once
@@ -180,10 +164,6 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded"
     )
     restore = "set_config('lock_timeout', (SELECT value FROM previous), true)"
-
-    # A row a purge finds locked belongs to a request taking that expired key over, which may
-    # hold it for the whole view: wait a moment (the CTE bounds the wait before any row is
-    # locked), then skip the locked rows of the range, so that no batch holds locks for long.
     return Statements(
         f"{bounded} {new_only}, {restore}",
         f"{bounded} {conflict}, {restore}",
@@ -193,19 +173,11 @@ def build(vendor: str, quote: Callable[[str], str]) -> Statements:
         fail,
         renew,
         f"{release}({pick} FOR UPDATE SKIP LOCKED)",  # another sweeper's batch is its own
-        purge_range,
-        purge_range_bounded=(
-            "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
-            f"{purge_range} AND EXISTS (SELECT FROM bounded)"
-        ),
-        purge_range_skip_locked=(
-            f"DELETE FROM {t} WHERE {c('id')} IN (SELECT {c('id')} FROM {t} "  # noqa: S608
-            f"WHERE {in_range} FOR UPDATE SKIP LOCKED)"
-        ),
+        **filters,
     )
 
 
-def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
+def mariadb(model: type[Model], connection: BaseDatabaseWrapper) -> MariaDBStatements:
     """MariaDB has no UPDATE … RETURNING and refuses a subquery on the table a statement changes.
 
     So a claim is an insert that, on a duplicate, only locks the row that holds the key, and
@@ -215,11 +187,8 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
     insert's wait for a concurrent request's uncommitted row is bounded by this statement's
     own innodb_lock_wait_timeout, in whole seconds.
     """
-
-    def c(name: str) -> str:
-        return quote(key_field(name).column)
-
-    t = quote(key_model()._meta.db_table)
+    c = Names(model, connection)
+    t = c.table
     # MariaDB assigns from left to right, each assignment seeing the ones before it: the
     # attempts must be counted before the state is reset.
     take_over = (
@@ -231,11 +200,7 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
         )
         + f" WHERE {c('id')} = %s"
     )
-    in_range = f"{c('id')} >= %s AND {c('id')} < %s AND {c('expires_at')} <= %s"
-    # The batches walk the primary key, and only it: left to choose, the optimizer may scan the
-    # expiry index instead, locking the entries of rows that another batch holds, and two
-    # batches then deadlock. A list of a thousand ids or more it would turn into a join (on a
-    # scan of the whole index) unless told not to.
+    # By the primary key alone, as the purge does (see purging.py).
     primary = "FORCE INDEX (PRIMARY)"
     by_id = "SET STATEMENT in_predicate_conversion_threshold = 0 FOR"
     return MariaDBStatements(
@@ -249,10 +214,4 @@ def mariadb(quote: Callable[[str], str]) -> MariaDBStatements:
             f"{c('locked_until')} = NULL, {c('lease_version')} = {c('lease_version')} + 1 "
             f"WHERE {c('id')} IN ({{ids}})"
         ),
-        purge_range_bounded=(
-            "SET STATEMENT innodb_lock_wait_timeout = %s FOR "
-            f"DELETE {t} FROM {t} {primary} WHERE {in_range}"
-        ),
-        purge_pick=f"SELECT {c('id')} FROM {t} {primary} WHERE {in_range} FOR UPDATE SKIP LOCKED",  # noqa: S608
-        purge_picked=f"{by_id} DELETE {t} FROM {t} {primary} WHERE {c('id')} IN ({{ids}})",
     )

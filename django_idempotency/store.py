@@ -24,21 +24,26 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import OperationalError, connections, transaction
+from django.db.models import F, Q
 
 from django_idempotency import statements
 from django_idempotency.counting import Count, DeferredCounts
-from django_idempotency.statements import MariaDBStatements, Statements, key_field
+from django_idempotency.databases import (
+    DEADLOCK,
+    LOCK_WAIT_TIMEOUT,
+    again_after_deadlocks,
+    is_lock_timeout,
+    mariadb_error,
+    placeholders,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, Sequence
+    from collections.abc import Mapping, Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Model
 
-# PostgreSQL SQLSTATE lock_not_available: raised when lock_timeout expires.
-LOCK_NOT_AVAILABLE = "55P03"
-# MariaDB's error numbers: innodb_lock_wait_timeout ran out; a deadlock rolled back the transaction.
-LOCK_WAIT_TIMEOUT, DEADLOCK = 1205, 1213
-SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite", "mysql"})
+    from django_idempotency.statements import MariaDBStatements, Statements
 
 
 class KeyBusy(Exception):
@@ -86,50 +91,6 @@ class Conflict:
     fingerprint_matches: bool
 
 
-# How long a purge batch waits for a row that a request holds (taking that expired key over)
-# before it leaves the locked rows of that batch for the next run.
-PURGE_LOCK_TIMEOUT = "100ms"
-PURGE_LOCK_WAIT = 1  # MariaDB's, in whole seconds
-
-
-def is_lock_timeout(exc: OperationalError) -> bool:
-    """Whether ``exc`` is a bounded wait for a row lock running out.
-
-    PostgreSQL's lock_timeout, with psycopg 3 or psycopg2, or MariaDB's innodb_lock_wait_timeout.
-    """
-    # psycopg 3 names it sqlstate, psycopg2 pgcode. SQLite's "database is locked" is not this:
-    # SQLite locks the whole database, so a wait there says nothing about the key.
-    cause = exc.__cause__
-    codes = (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
-    return LOCK_NOT_AVAILABLE in codes or mariadb_error(exc) == LOCK_WAIT_TIMEOUT
-
-
-def mariadb_error(exc: OperationalError) -> int | None:
-    """The MariaDB error number of ``exc``, if it is one."""
-    args = getattr(exc.__cause__, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
-
-
-def again_after_deadlocks(
-    work: Callable[[], int], connection: BaseDatabaseWrapper, *, attempts: int = 5
-) -> int:
-    """Run ``work``, a transaction of its own, again when MariaDB rolls it back for a deadlock.
-
-    Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
-    then rolls one back. Nothing was done, so doing it again is safe; but not inside a caller's
-    transaction, which the deadlock rolled back as well.
-    """
-    if connection.in_atomic_block:
-        return work()
-    for attempt in range(1, attempts + 1):
-        try:
-            return work()
-        except OperationalError as exc:
-            if mariadb_error(exc) != DEADLOCK or attempt == attempts:
-                raise
-    raise AssertionError  # unreachable: the last attempt returns or raises
-
-
 def _aware(value: datetime | str) -> datetime:
     # SQLite hands back text in UTC; PostgreSQL an aware datetime.
     moment = datetime.fromisoformat(value) if isinstance(value, str) else value
@@ -165,30 +126,36 @@ def _free(row: tuple[Any, ...], new: NewKey) -> bool:
     )
 
 
-# Built once per database vendor, not per request.
-_STATEMENTS: dict[str, Statements] = {}
-_MARIADB_STATEMENTS: list[MariaDBStatements] = []
+def key_store(model: type[Model], using: str) -> KeyStore:
+    """The store of ``model``'s keys on the database ``using``; cheap to make for each request.
+
+    MariaDB claims differently; a caller need not know which database it talks to.
+    """
+    if connections[using].vendor == "mysql":
+        return MariaDBKeyStore(model, using)
+    return KeyStore(model, using)
+
+
+# Built once per table and database vendor, not per request.
+_STATEMENTS: dict[tuple[type[Model], str], Statements] = {}
+_MARIADB_STATEMENTS: dict[type[Model], MariaDBStatements] = {}
 
 
 class KeyStore:
-    """The key table's queries on one database alias; cheap to create for each request."""
+    """The key table's queries on one database alias (see ``key_store()``)."""
 
-    def __new__(cls, using: str) -> KeyStore:
-        # MariaDB claims differently; a caller need not know which database it talks to.
-        if cls is KeyStore and connections[using].vendor == "mysql":
-            return super().__new__(MariaDBKeyStore)
-        return super().__new__(cls)
-
-    def __init__(self, using: str) -> None:
+    def __init__(self, model: type[Model], using: str) -> None:
+        self.model = model
         self.using = using
         self.connection: BaseDatabaseWrapper = connections[using]
-        vendor = self.connection.vendor
-        if vendor not in _STATEMENTS:
-            _STATEMENTS[vendor] = statements.build(vendor, self.connection.ops.quote_name)
-        self.sql = _STATEMENTS[vendor]
+        built = (model, self.connection.vendor)
+        if built not in _STATEMENTS:
+            _STATEMENTS[built] = statements.build(model, self.connection)
+        self.sql = _STATEMENTS[built]
 
     def _prep(self, name: str, value: Any) -> Any:
-        return key_field(name).get_db_prep_save(value, self.connection)
+        field = self.model._meta.get_field(name)
+        return field.get_db_prep_save(value, self.connection)  # type: ignore[union-attr] # a concrete field
 
     def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         """Claim the key; or replay the completed row that holds it; or say why neither can be.
@@ -249,7 +216,7 @@ class KeyStore:
             return Conflict(fingerprint_matches=True)  # still running
         stored = _stored(tuple(response))
         # Counted as written, with this process's replays that are not yet.
-        unwritten = replay_counts.add(self.using, id_, version, new.now)
+        unwritten = replay_counts.add(self.model, self.using, id_, version, new.now)
         return replace(stored, replay_count=stored.replay_count + unwritten)
 
     def _claim_params(self, new: NewKey, *, takeover: bool) -> list[Any]:
@@ -347,40 +314,70 @@ class KeyStore:
     def _expired_leases(
         self, now: datetime, limit: int, ids: Sequence[int] | None
     ) -> tuple[str, list[Any]]:
-        only, params = "", [self._prep("locked_until", now)]
-        if ids is None:
-            # A lease the reconcile hook could not settle waits for a person, who may release
-            # it by its id.
-            unsettled, version = (
-                self.connection.ops.quote_name(key_field(name).column)
-                for name in ("unsettled_lease_version", "lease_version")
-            )
-            only = f" AND ({unsettled} IS NULL OR {unsettled} <> {version})"
-        else:
-            column = self.connection.ops.quote_name(key_field("id").column)
-            only = f" AND {column} IN ({placeholders(ids) or 'NULL'})"
+        only, params = self.sql.not_left_for_a_person, [self._prep("locked_until", now)]
+        if ids is not None:
+            only = self.sql.with_ids.format(ids=placeholders(ids) or "NULL")
             params += ids
         return self.sql.release_expired.format(only=only), [*params, limit]
 
-    def purge_range(self, low: int, high: int, now: datetime) -> int:
-        """Delete the expired rows with ``low <= id < high``, in a transaction of their own."""
-        params = [low, high, self._prep("expires_at", now)]
-        if self.sql.purge_range_bounded is None:
-            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-                cursor.execute(self.sql.purge_range, params)
-                return int(cursor.rowcount)
-        # A plain range delete is the fastest; only a locked row makes it wait.
-        try:
-            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-                cursor.execute(self.sql.purge_range_bounded, [PURGE_LOCK_TIMEOUT, *params])
-                return int(cursor.rowcount)
-        except OperationalError as exc:
-            if not is_lock_timeout(exc):
-                raise
-        assert self.sql.purge_range_skip_locked is not None  # noqa: S101 - PostgreSQL's
-        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-            cursor.execute(self.sql.purge_range_skip_locked, params)
-            return int(cursor.rowcount)
+    # The sweeper's reconciling takes each expired lease over by a compare-and-set of its own,
+    # so that no lock is held while a hook is asked; the ORM writes these.
+
+    def expired_leases(
+        self, now: datetime, limit: int, after: tuple[datetime, int] | None
+    ) -> list[Any]:
+        """The next leases that ran out by ``now``, oldest first, not left for a person; read
+        without a lock. ``after``: the last one read, as (``locked_until``, id)."""
+        rows = (
+            self.model._default_manager.using(self.using)
+            .filter(state="in_progress", locked_until__lte=now)
+            .exclude(unsettled_lease_version=F("lease_version"))
+        )
+        if after is not None:
+            moment, pk = after
+            rows = rows.filter(Q(locked_until__gt=moment) | Q(locked_until=moment, pk__gt=pk))
+        return list(rows.order_by("locked_until", "pk")[:limit])
+
+    def take_over_expired(self, row: Any, now: datetime, until: datetime) -> Claim | None:
+        """Raise the expired lease's version and hold it until ``until``, if it is still as
+        read: the dead request is fenced out, and a retry meanwhile waits.
+
+        The row is locked by its primary key alone, then changed by it: a condition on the lease
+        in the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with
+        a retry taking a neighbouring key over.
+        """
+        keys = self.model._default_manager.using(self.using)
+        claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
+        if self.connection.vendor == "sqlite":
+            # One conditional UPDATE: SQLite locks the whole database, and refuses at once
+            # ("database is locked") to turn a transaction that has read into a writer while
+            # another writes.
+            changed = keys.filter(
+                pk=row.pk, lease_version=row.lease_version, state="in_progress",
+                locked_until__lte=now,
+            ).update(lease_version=claim.lease_version, locked_until=until)  # fmt: skip
+            return claim if changed else None
+        with transaction.atomic(using=self.using):
+            found = keys.select_for_update().filter(pk=row.pk)
+            current = found.values_list("lease_version", "state", "locked_until").first()
+            if current is None:
+                return None  # purged meanwhile
+            version, state, locked_until = current
+            if version != row.lease_version or state != "in_progress" or locked_until is None:
+                return None
+            if locked_until > now:
+                return None  # renewed by a live request, or taken over by a retry
+            keys.filter(pk=row.pk).update(lease_version=claim.lease_version, locked_until=until)
+            return claim
+
+    def give_back(self, claim: Claim, locked_until: datetime, *, unsettled: bool) -> bool:
+        """Put a lease taken over by ``take_over_expired()`` back as it was, expired, so that a
+        retry takes the key over at once; ``unsettled``: and leave it for a person."""
+        mine = self.model._default_manager.using(self.using).filter(
+            pk=claim.id, lease_version=claim.lease_version, state="in_progress"
+        )
+        left = {"unsettled_lease_version": claim.lease_version} if unsettled else {}
+        return bool(mine.update(locked_until=locked_until, **left))
 
 
 class MariaDBKeyStore(KeyStore):
@@ -393,11 +390,11 @@ class MariaDBKeyStore(KeyStore):
     statement after the first waits: the row is already this transaction's.
     """
 
-    def __init__(self, using: str) -> None:
-        super().__init__(using)
-        if not _MARIADB_STATEMENTS:
-            _MARIADB_STATEMENTS.append(statements.mariadb(self.connection.ops.quote_name))
-        self.more = _MARIADB_STATEMENTS[0]
+    def __init__(self, model: type[Model], using: str) -> None:
+        super().__init__(model, using)
+        if model not in _MARIADB_STATEMENTS:
+            _MARIADB_STATEMENTS[model] = statements.mariadb(model, self.connection)
+        self.more = _MARIADB_STATEMENTS[model]
 
     def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         return self._claim(new, replay=True)
@@ -467,28 +464,6 @@ class MariaDBKeyStore(KeyStore):
 
         return again_after_deadlocks(release, self.connection)
 
-    def purge_range(self, low: int, high: int, now: datetime) -> int:
-        # As on PostgreSQL: a plain range delete, which waits a moment at most for a locked row
-        # (another purge's batch, or a request taking that expired key over). Past that, the
-        # rows that are locked are skipped: the next run has them. Skipping is not the first
-        # choice: MariaDB's SKIP LOCKED can skip a row whose holder then rolls back (a
-        # deadlock), so two purges at once would each leave it.
-        params = [low, high, self._prep("expires_at", now)]
-
-        def purge() -> int:
-            try:
-                with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-                    cursor.execute(self.more.purge_range_bounded, [PURGE_LOCK_WAIT, *params])
-                    return int(cursor.rowcount)
-            except OperationalError as exc:
-                if mariadb_error(exc) != LOCK_WAIT_TIMEOUT:
-                    raise
-            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
-                cursor.execute(self.more.purge_pick, params)
-                return self._apply(cursor, self.more.purge_picked)
-
-        return again_after_deadlocks(purge, self.connection)
-
     @staticmethod
     def _apply(cursor: Any, template: str) -> int:
         """Run ``template`` on the ids the cursor's pick locked; return how many there were."""
@@ -499,9 +474,6 @@ class MariaDBKeyStore(KeyStore):
 
 
 # This process's replays, written to their rows about a second after they were counted.
-replay_counts = DeferredCounts(lambda using, counts: KeyStore(using).write_replay_counts(counts))
-
-
-def placeholders(values: Sequence[Any]) -> str:
-    """One ``%s`` per value, comma-separated, for an ``IN (…)`` list."""
-    return ", ".join(["%s"] * len(values))
+replay_counts = DeferredCounts(
+    lambda model, using, counts: key_store(model, using).write_replay_counts(counts)
+)

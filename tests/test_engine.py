@@ -17,7 +17,7 @@ from django_idempotency.keys import ScopedKey
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.outcomes import Outcome
 from django_idempotency.policy import Policy
-from django_idempotency.store import KeyStore
+from django_idempotency.store import key_store
 from tests.testapp.models import Payment
 
 pytestmark = pytest.mark.django_db
@@ -321,7 +321,7 @@ class CountingStore:
     """The default database's store, counting how often it is asked for a key."""
 
     def __init__(self):
-        self.store, self.acquired = KeyStore("default"), 0
+        self.store, self.acquired = key_store(IdempotencyKey, "default"), 0
 
     def __getattr__(self, name):
         return getattr(self.store, name)

@@ -6,8 +6,13 @@ hides is still a circle here.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import grimp
 import pytest
+
+import django_idempotency
 
 PACKAGE = "django_idempotency"
 
@@ -44,3 +49,31 @@ def test_the_openapi_contract_imports_neither_framework(graph):
     imported = graph.find_upstream_modules(f"{PACKAGE}._openapi_contract")
     assert imported.isdisjoint({"rest_framework", "drf_spectacular", "ninja"})
     assert f"{PACKAGE}.conf" in imported  # the graph does see what it imports
+
+
+def test_the_models_import_only_their_managers(graph):
+    # The managers (purges, the lease sweep) work on the model they are given: the store, the
+    # statements and the sweeper under them never import the models back.
+    imported = graph.find_upstream_modules(f"{PACKAGE}.models")
+    assert {module for module in imported if module.startswith(PACKAGE)} >= {
+        f"{PACKAGE}.lifecycle",
+        f"{PACKAGE}.store",
+    }
+    assert (
+        graph.find_modules_directly_imported_by(f"{PACKAGE}.models")
+        & {f"{PACKAGE}.{name}" for name in ("store", "statements", "reconcile", "purging")}
+        == set()
+    )
+
+
+def test_no_module_looks_the_package_s_models_up_by_name():
+    # A look-up in the app registry is an import the graph cannot see: it could hide a circle.
+    # Migrations are the exception Django makes: they must use the historical models.
+    package = Path(django_idempotency.__file__).parent
+    lookups = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "migrations" not in path.parts
+        and re.search(r"get_(model|app_config)\(\s*['\"]django_idempotency", path.read_text())
+    ]
+    assert lookups == []

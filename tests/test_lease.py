@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from django_idempotency.engine import Engine
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Conflict, KeyStore, NewKey
+from django_idempotency.store import Conflict, KeyStore, NewKey, key_store
 from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Charge, Payment
@@ -54,7 +54,7 @@ def claim(store, key, now, lease=timedelta(seconds=1)):
 @pytest.mark.django_db(transaction=True)
 class TestFencing:
     def test_a_stale_owner_can_neither_store_nor_release_after_a_takeover(self):
-        store = KeyStore("default")
+        store = key_store(IdempotencyKey, "default")
         now = timezone.now()
         first = claim(store, "k", now)
         assert claim(store, "k", now) is None  # the lease is live
@@ -71,7 +71,7 @@ class TestFencing:
 
     def test_a_lease_that_ran_out_is_not_taken_over_by_another_payload(self):
         # Its request may have had its effect: only a retry of that request may take it over.
-        store = KeyStore("default")
+        store = key_store(IdempotencyKey, "default")
         now = timezone.now()
         claim(store, "k", now)
         later = now + timedelta(seconds=2)
@@ -84,7 +84,7 @@ class TestFencing:
         assert store.acquire(new_key("k", later)).lease_version == 2  # the same payload may
 
     def test_a_completed_key_is_not_taken_over_until_it_expires(self):
-        store = KeyStore("default")
+        store = key_store(IdempotencyKey, "default")
         now = timezone.now()
         first = claim(store, "k", now)
         store.complete(first, status=201, headers=[], body=b"ok", now=now)

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from django_idempotency.counting import DeferredCounts
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse, replay_counts
+from django_idempotency.store import Claim, NewKey, StoredResponse, key_store, replay_counts
 from tests.conftest import in_memory_sqlite
 from tests.factories import IdempotencyKeyFactory
 from tests.test_store import in_threads
@@ -29,7 +29,7 @@ def new_key(now, key="k", fingerprint="f" * 64):
 
 
 def completed(now, key="k"):
-    store = KeyStore("default")
+    store = key_store(IdempotencyKey, "default")
     with transaction.atomic():
         claim = store.acquire(new_key(now, key))
         assert isinstance(claim, Claim)
@@ -118,7 +118,9 @@ def test_replays_counted_in_many_threads_add_up():
     def replay(_):
         for _ in range(10):
             with transaction.atomic():
-                assert isinstance(KeyStore("default").acquire(new_key(now)), StoredResponse)
+                assert isinstance(
+                    key_store(IdempotencyKey, "default").acquire(new_key(now)), StoredResponse
+                )
 
     in_threads(4, replay)
     replay_counts.flush()
@@ -127,12 +129,14 @@ def test_replays_counted_in_many_threads_add_up():
 
 
 def test_counts_that_cannot_be_written_are_dropped_and_logged(caplog):
-    def broken(using, counts):
+    def broken(model, using, counts):
         raise DatabaseError("down")
 
     counts = DeferredCounts(broken, delay=60)
     with caplog.at_level(logging.WARNING, logger="django_idempotency"):
-        counts.add("default", 1, 1, timezone.now())  # written at once on in-memory SQLite
+        counts.add(
+            IdempotencyKey, "default", 1, 1, timezone.now()
+        )  # written at once on in-memory SQLite
         assert counts.flush() == 0
     assert "could not write the deferred counts of 1 rows" in caplog.text
     assert counts.pending() == 0

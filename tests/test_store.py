@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Claim, KeyStore, NewKey, StoredResponse
+from django_idempotency.store import Claim, NewKey, StoredResponse, key_store
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
@@ -298,7 +298,7 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
 
 @pytest.mark.postgresql
 def test_a_replay_writes_nothing_to_the_database():
-    store, now = KeyStore("default"), timezone.now()
+    store, now = key_store(IdempotencyKey, "default"), timezone.now()
     new = NewKey(
         scope="s", key="k", method="POST", route="r/", fingerprint="f" * 64,
         now=now, expires_at=now + timedelta(hours=1), wait_timeout=1,
@@ -370,7 +370,7 @@ def test_a_lock_timeout_is_recognised_from_either_postgresql_driver(cause, expec
     # instead of skipping the locked rows.
     from django.db import OperationalError  # noqa: PLC0415
 
-    from django_idempotency.store import is_lock_timeout  # noqa: PLC0415
+    from django_idempotency.databases import is_lock_timeout  # noqa: PLC0415
 
     error = OperationalError(str(cause))
     error.__cause__ = cause

@@ -23,6 +23,7 @@ from django.utils import timezone
 from django_idempotency import canonical, correlation, signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.counting import Count, DeferredCounts
+from django_idempotency.databases import Names
 from django_idempotency.inbox.processing import (
     CHANNEL,
     DISPATCH_GRACE,
@@ -139,7 +140,7 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
             recorded.source,
             extra=log_fields(recorded, "duplicate"),
         )
-    delivery_counts.add(using, pk, 0, delivered.received_at)
+    delivery_counts.add(InboxEvent, using, pk, 0, delivered.received_at)
     transaction.on_commit(
         lambda: signals.send_robustly(
             signals.inbox_event_duplicate, InboxEvent, event=recorded, conflict=conflict
@@ -149,7 +150,9 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
     return Receipt(recorded, created=False, conflict=conflict)
 
 
-def _write_deliveries(using: str, counts: Mapping[tuple[int, int], Count]) -> None:
+def _write_deliveries(
+    model: type[models.Model], using: str, counts: Mapping[tuple[int, int], Count]
+) -> None:
     """Add duplicate deliveries counted in memory to their events, in one transaction."""
     connection = connections[using]
     at = _field("last_delivered_at")
@@ -235,11 +238,11 @@ class _Statements(NamedTuple):
 @cache
 def _statements(using: str) -> _Statements:
     connection = connections[using]
-    quote = connection.ops.quote_name
-    table = quote(InboxEvent._meta.db_table)
-    columns = ", ".join(quote(_field(name).column) for name in _INSERT_FIELDS)
+    c = Names(InboxEvent, connection)
+    table = c.table
+    columns = ", ".join(c(name) for name in _INSERT_FIELDS)
     pk, source, event_id, payload_hash, deliveries, last_delivered_at = (
-        quote(_field(name).column)
+        c(name)
         for name in ("id", "source", "event_id", "payload_hash", "deliveries", "last_delivered_at")
     )
     count_deliveries = (

@@ -1,0 +1,81 @@
+"""What the package's SQL needs to know of the databases it runs on.
+
+Which vendors it supports, how each says that a bounded wait for a row lock ran out or that a
+deadlock rolled a transaction back, and how a statement names a model's table and columns. The
+key store, the inbox and the batched purges all write their SQL with these.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db import OperationalError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Model
+
+SUPPORTED_VENDORS = frozenset({"postgresql", "sqlite", "mysql"})
+# PostgreSQL SQLSTATE lock_not_available: raised when lock_timeout expires.
+LOCK_NOT_AVAILABLE = "55P03"
+# MariaDB's error numbers: innodb_lock_wait_timeout ran out; a deadlock rolled back the transaction.
+LOCK_WAIT_TIMEOUT, DEADLOCK = 1205, 1213
+
+
+def is_lock_timeout(exc: OperationalError) -> bool:
+    """Whether ``exc`` is a bounded wait for a row lock running out.
+
+    PostgreSQL's lock_timeout, with psycopg 3 or psycopg2, or MariaDB's innodb_lock_wait_timeout.
+    """
+    # psycopg 3 names it sqlstate, psycopg2 pgcode. SQLite's "database is locked" is not this:
+    # SQLite locks the whole database, so a wait there says nothing about the row.
+    cause = exc.__cause__
+    codes = (getattr(cause, "sqlstate", None), getattr(cause, "pgcode", None))
+    return LOCK_NOT_AVAILABLE in codes or mariadb_error(exc) == LOCK_WAIT_TIMEOUT
+
+
+def mariadb_error(exc: OperationalError) -> int | None:
+    """The MariaDB error number of ``exc``, if it is one."""
+    args = getattr(exc.__cause__, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def again_after_deadlocks(
+    work: Callable[[], int], connection: BaseDatabaseWrapper, *, attempts: int = 5
+) -> int:
+    """Run ``work``, a transaction of its own, again when MariaDB rolls it back for a deadlock.
+
+    Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
+    then rolls one back. Nothing was done, so doing it again is safe; but not inside a caller's
+    transaction, which the deadlock rolled back as well.
+    """
+    if connection.in_atomic_block:
+        return work()
+    for attempt in range(1, attempts + 1):
+        try:
+            return work()
+        except OperationalError as exc:
+            if mariadb_error(exc) != DEADLOCK or attempt == attempts:
+                raise
+    raise AssertionError  # unreachable: the last attempt returns or raises
+
+
+class Names:
+    """A model's quoted table and column names, as ``connection`` spells them in SQL."""
+
+    def __init__(self, model: type[Model], connection: BaseDatabaseWrapper) -> None:
+        self.model = model
+        self.quote: Callable[[str], str] = connection.ops.quote_name
+        self.table = self.quote(model._meta.db_table)
+
+    def __call__(self, field: str) -> str:
+        """The quoted column of the model's field ``field``."""
+        column = self.model._meta.get_field(field).column  # type: ignore[union-attr] # a concrete field
+        return self.quote(str(column))
+
+
+def placeholders(values: Sequence[Any]) -> str:
+    """One ``%s`` per value, comma-separated, for an ``IN (…)`` list."""
+    return ", ".join(["%s"] * len(values))
