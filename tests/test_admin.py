@@ -11,7 +11,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency import admin as admin_module
+from django_idempotency.admin import keys as key_admin
 from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from tests.conftest import POSTGRESQL
@@ -577,7 +577,7 @@ def test_purge_all_expired_needs_the_delete_permission(client, stored):
 
 
 def test_a_purge_cut_short_by_its_time_limit_says_so(admin_client, stored, monkeypatch):
-    monkeypatch.setattr(admin_module, "PURGE_SECONDS", 0)
+    monkeypatch.setattr(key_admin, "PURGE_SECONDS", 0)
 
     response = admin_client.post(f"{CHANGELIST}purge-expired/", follow=True)
 
