@@ -36,8 +36,9 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency import _optional, canonical, correlation, signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
-from django_idempotency.engine import Operation, Record, default_engine, fit_scope
+from django_idempotency.engine import default_engine
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
+from django_idempotency.operation import Operation, Record, fit_scope
 from django_idempotency.outcomes import Outcome
 
 with _optional.requires("celery", __name__):

@@ -6,7 +6,6 @@ from functools import partial, wraps
 from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
-from asgiref.sync import async_to_sync, sync_to_async
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
@@ -20,6 +19,7 @@ from django_idempotency.conditional import (
     names_a_version,
 )
 from django_idempotency.engine import Engine, default_engine
+from django_idempotency.keyed_request import around_async
 from django_idempotency.policy import Policy, check_option_names
 
 if TYPE_CHECKING:
@@ -81,12 +81,8 @@ def idempotent(
             async def async_wrapper(
                 request: HttpRequest, *args: Any, **kwargs: Any
             ) -> HttpResponseBase:
-                # The engine runs in the request's thread for synchronous work, the one where
-                # Django's async ORM runs this request's queries too. The view, run from there,
-                # awaits on the event loop, and its queries come back to that thread: they
-                # join the transaction that holds the key, as in a synchronous view.
-                view = async_to_sync(partial(view_func, request, *args, **kwargs))
-                return await sync_to_async(handle, thread_sensitive=True)(request, view)
+                body = partial(view_func, request, *args, **kwargs)
+                return await around_async(partial(handle, request), body)
 
             async_wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
             async_wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup

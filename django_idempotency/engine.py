@@ -14,52 +14,40 @@ commits, then replays.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.utils import timezone
 
-from django_idempotency import problems
-from django_idempotency.cache import ReplayCache
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
-from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
+from django_idempotency.keyed_request import KeyedRequest, TimedView, identify
 from django_idempotency.leases import LeaseKeeper
 from django_idempotency.leases import leases as default_leases
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.operation import Answer, Operation
 from django_idempotency.outcomes import Decision, Outcome, report
-from django_idempotency.responses import (
-    DATABASE_UNAVAILABLE,
-    STATUS_HEADER,
-    capture,
-    replay_response,
-    unavailable_response,
-)
-from django_idempotency.scope import AnonymousRejected
+from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
 from django_idempotency.store import (
     Claim,
     Conflict,
     KeyBusy,
     KeyStore,
-    NewKey,
     StoredResponse,
     key_store,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from datetime import datetime, timedelta
+    from datetime import datetime
 
     from django.http import HttpRequest, HttpResponseBase
 
-    from django_idempotency.conf import Mode
     from django_idempotency.policy import Policy
+
+R = TypeVar("R")
 
 logger = logging.getLogger("django_idempotency")
 
@@ -67,193 +55,6 @@ _HANDLED = "_django_idempotency_handled"
 
 # How often a run that waits for another one holding its key looks at the key again.
 POLL_SECONDS = 0.05
-
-
-SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
-ROUTE_LENGTH = IdempotencyKey._meta.get_field("route").max_length or 0
-
-R = TypeVar("R")
-
-
-def fit_scope(scope: str) -> str:
-    """Keep a long scope unique but within its column: replace it by its digest."""
-    if len(scope) <= SCOPE_LENGTH:
-        return scope
-    return "sha256:" + hashlib.sha256(scope.encode()).hexdigest()
-
-
-@dataclass(frozen=True)
-class Record:
-    """What is stored of an operation's result, in the key row's response columns."""
-
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-
-
-class Operation(ABC, Generic[R]):
-    """What the engine makes idempotent: a body run once per key, and its stored result.
-
-    An adapter says who the operation is (its key within its scope, method, route, fingerprint,
-    mode and timeouts), runs its body, and turns the body's result into the key row's response
-    and back, so that a duplicate gets the same answer.
-    """
-
-    key: ScopedKey
-    method: str
-    route: str
-    fingerprint: str
-    mode: Mode
-    ttl: timedelta
-    wait_timeout: float
-    lease_timeout: timedelta
-    cache: ReplayCache | None = None
-    #: Why a lease-mode operation refuses to start inside a transaction, in its users' words.
-    lease_in_transaction: ClassVar[str]
-
-    @property
-    def scope(self) -> str:
-        return self.key.scope
-
-    def new_key(self, now: datetime) -> NewKey:
-        """The key row this operation claims at ``now``."""
-        lease = self.mode == "lease"
-        return NewKey(
-            scope=self.scope,
-            key=self.key,
-            method=self.method,
-            route=self.route[:ROUTE_LENGTH],  # shown in the admin; the scope holds it whole
-            fingerprint=self.fingerprint,
-            now=now,
-            expires_at=now + self.ttl,
-            wait_timeout=self.wait_timeout,
-            locked_until=now + self.lease_timeout if lease else None,
-        )
-
-    @abstractmethod
-    def run(self, attempt: int) -> R:
-        """Run the body; ``attempt`` counts the runs of this key, this one included."""
-
-    def recover(self, attempt: int) -> R | None:
-        """Lease mode, before a key whose earlier run did not finish runs again: the result of
-        that run if its effect happened, else ``None`` to run the body."""
-        return None
-
-    @abstractmethod
-    def keeps(self, result: R) -> bool:
-        """Whether ``result`` is stored; if not, its writes roll back and the key is released."""
-
-    @abstractmethod
-    def encode(self, result: R) -> Record:
-        """What is stored of ``result``."""
-
-    @abstractmethod
-    def decode(self, stored: StoredResponse) -> R:
-        """The result a duplicate gets from the stored row."""
-
-
-@dataclass(frozen=True)
-class Answer(Generic[R]):
-    """What became of an operation: its outcome, and the result it answers with, if any."""
-
-    outcome: Outcome  # stored, not_stored, replayed, mismatch or in_progress
-    result: R | None = None  # the body's; or, replayed, the stored one decoded
-    attempt: int = 1
-
-
-@dataclass
-class KeyedRequest(Operation["HttpResponseBase"]):
-    """A request with a valid key, once its scope and fingerprint are known."""
-
-    lease_in_transaction = (
-        "Lease mode commits the key before the view runs, so the view must not run "
-        "inside a transaction: exempt it from ATOMIC_REQUESTS with "
-        "django.db.transaction.non_atomic_requests."
-    )
-
-    request: HttpRequest
-    view: Callable[[], HttpResponseBase]
-    policy: Policy
-    view_request: Any
-    key: ScopedKey
-    route: str
-    fingerprint: str
-
-    def __post_init__(self) -> None:
-        policy = self.policy
-        self.method = self.request.method or ""
-        self.mode = policy.mode
-        self.ttl = policy.ttl
-        self.wait_timeout = policy.wait_timeout
-        self.lease_timeout = policy.lease_timeout
-        self.cache = ReplayCache(policy.cache) if policy.cache else None
-
-    def run(self, attempt: int) -> HttpResponseBase:
-        return self.view()
-
-    def recover(self, attempt: int) -> HttpResponseBase | None:
-        if self.policy.recover is None:
-            return None
-        return self.policy.recover(self.view_request, key=self.key, attempt=attempt)
-
-    def keeps(self, result: HttpResponseBase) -> bool:
-        return self.policy.stores(result.status_code)
-
-    def encode(self, result: HttpResponseBase) -> Record:
-        headers, body = capture(result)
-        return Record(result.status_code, headers, body)
-
-    def decode(self, stored: StoredResponse) -> HttpResponseBase:
-        return replay_response(stored)
-
-    def decision(
-        self,
-        outcome: Outcome,
-        response: HttpResponseBase | None,
-        *,
-        attempt: int = 1,
-        error: Exception | None = None,
-    ) -> Decision:
-        return Decision(
-            outcome, response, self.key, self.scope, self.route, attempt, error, self.fingerprint
-        )
-
-    def answered(self, answer: Answer[HttpResponseBase]) -> Decision:
-        """The engine's answer as the response to this request."""
-        response = answer.result
-        if answer.outcome == Outcome.MISMATCH:
-            detail = "This key was already used with a different request."
-            response = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
-        elif answer.outcome == Outcome.IN_PROGRESS:
-            detail = "A request with this key is still being processed; retry later."
-            response = problems.problem_response(problems.IN_PROGRESS, detail)
-        elif answer.outcome == Outcome.STORED:
-            assert response is not None  # noqa: S101 - for the type checker
-            response[STATUS_HEADER] = "stored"
-        return self.decision(answer.outcome, response, attempt=answer.attempt)
-
-
-def _read_key(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
-    """The request's key; or the answer to a missing or malformed one; or None if optional."""
-    raw_key = request.headers.get(policy.header)
-    if raw_key is None:
-        if not policy.required:
-            return None
-        detail = f"Send an {policy.header} header to make this request safe to retry."
-        response = problems.problem_response(problems.KEY_MISSING, detail)
-        return Decision(Outcome.MISSING, response, route=route)
-    try:
-        return parse_key(raw_key)
-    except InvalidKey as exc:
-        detail = f"The {policy.header} header is invalid: {exc}."
-        response = problems.problem_response(problems.KEY_INVALID, detail)
-        return Decision(Outcome.INVALID, response, route=route)
-
-
-def route_of(request: HttpRequest) -> str:
-    """The URL pattern that matched ``request``, or its path if it was not resolved."""
-    match = request.resolver_match
-    return match.route if match is not None and match.route else request.path_info
 
 
 def _release(store: KeyStore, claim: Claim) -> bool:
@@ -327,7 +128,7 @@ class Engine:
             return view()
         setattr(request, _HANDLED, True)
         started = time.perf_counter()
-        timed_view = _TimedView(view)
+        timed_view = TimedView(view)
         decision = self._decide(request, timed_view, policy, view_request or request)
         if decision is None:
             return view()
@@ -345,7 +146,7 @@ class Engine:
         policy: Policy,
         view_request: Any,
     ) -> Decision | None:
-        keyed = self._identify(request, view, policy, view_request)
+        keyed = identify(request, view, policy, view_request)
         if not isinstance(keyed, KeyedRequest):
             return keyed  # a refusal; or None: no key, and the view does not require one
         try:
@@ -357,40 +158,6 @@ class Engine:
             return keyed.decision(Outcome.UNAVAILABLE, response)
         except Exception as exc:  # reported, then re-raised by handle()
             return keyed.decision(Outcome.NOT_STORED, None, error=exc)
-
-    def _identify(
-        self,
-        request: HttpRequest,
-        view: Callable[[], HttpResponseBase],
-        policy: Policy,
-        view_request: Any,
-    ) -> KeyedRequest | Decision | None:
-        """Read the request's key, scope and fingerprint, or the answer that refuses it."""
-        route = route_of(request)
-        key = _read_key(request, policy, route)
-        if not isinstance(key, str):
-            return key
-        try:
-            scope = fit_scope(policy.scope_function(view_request, route))
-        except AnonymousRejected:
-            detail = f"Authenticate to send an {policy.header} header to this endpoint."
-            response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
-            return Decision(Outcome.INVALID, response, key, route=route)
-        except DATABASE_UNAVAILABLE:
-            # Resolving the principal may be the request's first query (a lazy request.user).
-            response = unavailable_response(rolled_back=True)
-            return Decision(Outcome.UNAVAILABLE, response, key, route=route)
-        try:
-            fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
-        except UnreadableBody as exc:
-            # Refused before anything is claimed: the key stays free for a readable retry.
-            unread = isinstance(exc, LengthRequired)
-            problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
-            response = problems.problem_response(problem, str(exc))
-            return Decision(Outcome.INVALID, response, key, route=route)
-        scoped = ScopedKey(key, scope)
-        setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
-        return KeyedRequest(request, view, policy, view_request, scoped, route, fingerprint)
 
     def run(self, operation: Operation[R]) -> Answer[R]:
         """Run ``operation``'s body at most once for its key, or answer as the run that did.
@@ -546,21 +313,6 @@ class Engine:
             if (settled := _settled(operation, found)) is not None:
                 return settled
             _pause_until(deadline)
-
-
-class _TimedView:
-    """The view, counting the seconds it runs: the engine's overhead is the rest."""
-
-    def __init__(self, view: Callable[[], HttpResponseBase]) -> None:
-        self.view = view
-        self.seconds = 0.0
-
-    def __call__(self) -> HttpResponseBase:
-        started = time.perf_counter()
-        try:
-            return self.view()
-        finally:
-            self.seconds += time.perf_counter() - started
 
 
 default_engine = Engine()

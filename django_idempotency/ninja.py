@@ -19,10 +19,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 from functools import partial, wraps
-from inspect import iscoroutinefunction
 from typing import TYPE_CHECKING, Any, overload
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpResponseBase
@@ -46,8 +45,9 @@ from django_idempotency._openapi_contract import (
 )
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.engine import Engine, default_engine
+from django_idempotency.keyed_request import around_async, unavailable_is_503
 from django_idempotency.policy import Policy, check_option_names
-from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.responses import DATABASE_UNAVAILABLE
 from django_idempotency.scope import default_scope, get_principal
 
 if TYPE_CHECKING:
@@ -161,34 +161,14 @@ class _Adapter:
         operation: Operation = run.__self__  # type: ignore[attr-defined] # a bound method
         _document(operation, self)
 
-        def before(request: HttpRequest) -> None:
-            setattr(request, _OPERATION, operation)
-
-        # The database can fail before the key is looked at too (authentication queries it
-        # after a failover): that is a retryable 503, never a bare 500.
-        if iscoroutinefunction(run):
-
-            @wraps(run)
-            async def async_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
-                before(request)
-                try:
-                    response: HttpResponseBase = await run(request, **kwargs)
-                except DATABASE_UNAVAILABLE:
-                    return unavailable_response(rolled_back=False)
-                return response
-
-            return async_run
-
         @wraps(run)
-        def sync_run(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
-            before(request)
-            try:
-                response: HttpResponseBase = run(request, **kwargs)
-            except DATABASE_UNAVAILABLE:
-                return unavailable_response(rolled_back=False)
-            return response
+        def remembered(request: HttpRequest, **kwargs: Any) -> Any:
+            setattr(request, _OPERATION, operation)
+            return run(request, **kwargs)  # awaitable, if run is
 
-        return sync_run
+        if iscoroutinefunction(run):
+            markcoroutinefunction(remembered)
+        return unavailable_is_503(remembered)
 
     def _wrap(self, function: OperationFunction) -> OperationFunction:
         def handle(
@@ -218,12 +198,10 @@ class _Adapter:
             @wraps(function)
             async def async_function(request: HttpRequest, **values: Any) -> HttpResponseBase:
                 operation = getattr(request, _OPERATION)
-                # As the view decorator does: the engine runs in the request's thread for
-                # synchronous work, and the function's queries come back to that thread.
-                call = async_to_sync(partial(function, request, **values))
-                handler = sync_to_async(handle, thread_sensitive=True)
-                response: HttpResponseBase = await handler(request, operation, call, values)
-                return response
+                body = partial(function, request, **values)
+                return await around_async(
+                    lambda call: handle(request, operation, call, values), body
+                )
 
             return async_function
 

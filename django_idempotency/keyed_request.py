@@ -1,0 +1,228 @@
+"""A view's request as the engine's operation, and what every HTTP adapter shares.
+
+The DRF mixin, the view decorator and Ninja each read the request their framework's way, then
+hand it here: the key is read and checked, the scope and fingerprint taken, and the request
+becomes a ``KeyedRequest`` that the engine runs. An asynchronous view crosses to the engine's
+thread and back in one place (``around_async``), and a database that fails before the key is
+looked at answers 503 in one place (``unavailable_is_503``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from functools import wraps
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
+
+from django_idempotency import problems
+from django_idempotency.cache import ReplayCache
+from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
+from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
+from django_idempotency.operation import Answer, Operation, Record, fit_scope
+from django_idempotency.outcomes import Decision, Outcome
+from django_idempotency.responses import (
+    DATABASE_UNAVAILABLE,
+    STATUS_HEADER,
+    capture,
+    replay_response,
+    unavailable_response,
+)
+from django_idempotency.scope import AnonymousRejected
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from django.http import HttpRequest, HttpResponseBase
+
+    from django_idempotency.policy import Policy
+    from django_idempotency.store import StoredResponse
+
+T = TypeVar("T")
+F = TypeVar("F", bound="Callable[..., Any]")
+
+
+@dataclass
+class KeyedRequest(Operation["HttpResponseBase"]):
+    """A request with a valid key, once its scope and fingerprint are known."""
+
+    lease_in_transaction = (
+        "Lease mode commits the key before the view runs, so the view must not run "
+        "inside a transaction: exempt it from ATOMIC_REQUESTS with "
+        "django.db.transaction.non_atomic_requests."
+    )
+
+    request: HttpRequest
+    view: Callable[[], HttpResponseBase]
+    policy: Policy
+    view_request: Any
+    key: ScopedKey
+    route: str
+    fingerprint: str
+
+    def __post_init__(self) -> None:
+        policy = self.policy
+        self.method = self.request.method or ""
+        self.mode = policy.mode
+        self.ttl = policy.ttl
+        self.wait_timeout = policy.wait_timeout
+        self.lease_timeout = policy.lease_timeout
+        self.cache = ReplayCache(policy.cache) if policy.cache else None
+
+    def run(self, attempt: int) -> HttpResponseBase:
+        return self.view()
+
+    def recover(self, attempt: int) -> HttpResponseBase | None:
+        if self.policy.recover is None:
+            return None
+        return self.policy.recover(self.view_request, key=self.key, attempt=attempt)
+
+    def keeps(self, result: HttpResponseBase) -> bool:
+        return self.policy.stores(result.status_code)
+
+    def encode(self, result: HttpResponseBase) -> Record:
+        headers, body = capture(result)
+        return Record(result.status_code, headers, body)
+
+    def decode(self, stored: StoredResponse) -> HttpResponseBase:
+        return replay_response(stored)
+
+    def decision(
+        self,
+        outcome: Outcome,
+        response: HttpResponseBase | None,
+        *,
+        attempt: int = 1,
+        error: Exception | None = None,
+    ) -> Decision:
+        return Decision(
+            outcome, response, self.key, self.scope, self.route, attempt, error, self.fingerprint
+        )
+
+    def answered(self, answer: Answer[HttpResponseBase]) -> Decision:
+        """The engine's answer as the response to this request."""
+        response = answer.result
+        if answer.outcome == Outcome.MISMATCH:
+            detail = "This key was already used with a different request."
+            response = problems.problem_response(problems.PAYLOAD_MISMATCH, detail)
+        elif answer.outcome == Outcome.IN_PROGRESS:
+            detail = "A request with this key is still being processed; retry later."
+            response = problems.problem_response(problems.IN_PROGRESS, detail)
+        elif answer.outcome == Outcome.STORED:
+            assert response is not None  # noqa: S101 - for the type checker
+            response[STATUS_HEADER] = "stored"
+        return self.decision(answer.outcome, response, attempt=answer.attempt)
+
+
+def _read_key(request: HttpRequest, policy: Policy, route: str) -> str | Decision | None:
+    """The request's key; or the answer to a missing or malformed one; or None if optional."""
+    raw_key = request.headers.get(policy.header)
+    if raw_key is None:
+        if not policy.required:
+            return None
+        detail = f"Send an {policy.header} header to make this request safe to retry."
+        response = problems.problem_response(problems.KEY_MISSING, detail)
+        return Decision(Outcome.MISSING, response, route=route)
+    try:
+        return parse_key(raw_key)
+    except InvalidKey as exc:
+        detail = f"The {policy.header} header is invalid: {exc}."
+        response = problems.problem_response(problems.KEY_INVALID, detail)
+        return Decision(Outcome.INVALID, response, route=route)
+
+
+def route_of(request: HttpRequest) -> str:
+    """The URL pattern that matched ``request``, or its path if it was not resolved."""
+    match = request.resolver_match
+    return match.route if match is not None and match.route else request.path_info
+
+
+def identify(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    policy: Policy,
+    view_request: Any,
+) -> KeyedRequest | Decision | None:
+    """Read the request's key, scope and fingerprint, or the answer that refuses it; ``None``
+    when it has no key and the view does not require one."""
+    route = route_of(request)
+    key = _read_key(request, policy, route)
+    if not isinstance(key, str):
+        return key
+    try:
+        scope = fit_scope(policy.scope_function(view_request, route))
+    except AnonymousRejected:
+        detail = f"Authenticate to send an {policy.header} header to this endpoint."
+        response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
+        return Decision(Outcome.INVALID, response, key, route=route)
+    except DATABASE_UNAVAILABLE:
+        # Resolving the principal may be the request's first query (a lazy request.user).
+        response = unavailable_response(rolled_back=True)
+        return Decision(Outcome.UNAVAILABLE, response, key, route=route)
+    try:
+        fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
+    except UnreadableBody as exc:
+        # Refused before anything is claimed: the key stays free for a readable retry.
+        unread = isinstance(exc, LengthRequired)
+        problem = problems.LENGTH_REQUIRED if unread else problems.BODY_INVALID
+        response = problems.problem_response(problem, str(exc))
+        return Decision(Outcome.INVALID, response, key, route=route)
+    scoped = ScopedKey(key, scope)
+    setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
+    return KeyedRequest(request, view, policy, view_request, scoped, route, fingerprint)
+
+
+class TimedView:
+    """The view, counting the seconds it runs: the engine's overhead is the rest."""
+
+    def __init__(self, view: Callable[[], HttpResponseBase]) -> None:
+        self.view = view
+        self.seconds = 0.0
+
+    def __call__(self) -> HttpResponseBase:
+        started = time.perf_counter()
+        try:
+            return self.view()
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+async def around_async(
+    handle: Callable[[Callable[[], T]], HttpResponseBase], body: Callable[[], Awaitable[T]]
+) -> HttpResponseBase:
+    """Run the synchronous ``handle`` around the asynchronous ``body``, from an async view.
+
+    The engine runs in the request's thread for synchronous work, the one where Django's async
+    ORM runs this request's queries too. The body, run from there, awaits on the event loop, and
+    its queries come back to that thread: they join the transaction that holds the key, as in
+    a synchronous view.
+    """
+    handled: HttpResponseBase = await sync_to_async(handle, thread_sensitive=True)(
+        async_to_sync(body)
+    )
+    return handled
+
+
+def unavailable_is_503(view: F) -> F:
+    """Answer a retryable 503 when the database fails around ``view`` (sync or async) before
+    the key is looked at: authentication queries it, after a failover say. Never a bare 500."""
+    if iscoroutinefunction(view):
+
+        @wraps(view)
+        async def async_view(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await view(*args, **kwargs)
+            except DATABASE_UNAVAILABLE:
+                return unavailable_response(rolled_back=False)
+
+        return async_view  # type: ignore[return-value] # the same signature
+
+    @wraps(view)
+    def sync_view(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return view(*args, **kwargs)
+        except DATABASE_UNAVAILABLE:
+            return unavailable_response(rolled_back=False)
+
+    return sync_view  # type: ignore[return-value] # the same signature
