@@ -14,7 +14,7 @@ from django.test import AsyncClient, override_settings
 
 from django_idempotency import guard
 from django_idempotency.client import RetryPolicy, retrying_client
-from tests.test_client import FakeTime, FlakyServer, answer
+from tests.client.helpers import FakeTime, FlakyServer, answer
 
 GUARDED = override_settings(
     MIDDLEWARE=["django_idempotency.guard.RetryGuardMiddleware"],
