@@ -1,4 +1,7 @@
-"""Sending the package's tasks by name: through the broker, or in process when Celery is eager."""
+"""Sending the package's own tasks by name (``django_idempotency._celery``).
+
+Through the broker, or in process when Celery is eager.
+"""
 
 from __future__ import annotations
 
