@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency._optional import installed
+from django_idempotency.core.optional import installed
 
 
 class IdempotencyConfig(AppConfig):
@@ -12,13 +12,13 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency import checks  # noqa: F401, PLC0415 - registers the checks
+        from django_idempotency.operations import checks  # noqa: F401, PLC0415 - registers the checks
 
         # Each optional integration loads when its library is installed.
         if installed("drf_spectacular") and installed("rest_framework"):
             # Registers the schema extension: idempotent views document themselves.
             from django_idempotency import openapi  # noqa: F401, PLC0415
         if installed("prometheus_client"):
-            from django_idempotency import metrics  # noqa: F401, PLC0415
+            from django_idempotency.operations import metrics  # noqa: F401, PLC0415
         if installed("opentelemetry.trace"):
-            from django_idempotency import tracing  # noqa: F401, PLC0415
+            from django_idempotency.operations import tracing  # noqa: F401, PLC0415

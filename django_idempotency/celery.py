@@ -34,14 +34,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency import _optional, canonical, correlation, signals
+from django_idempotency import signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
-from django_idempotency.engine import default_engine
+from django_idempotency.core import canonical, optional
+from django_idempotency.core.engine import default_engine
+from django_idempotency.core.operation import Operation, Record, fit_scope
+from django_idempotency.core.outcomes import Outcome
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
-from django_idempotency.operation import Operation, Record, fit_scope
-from django_idempotency.outcomes import Outcome
+from django_idempotency.operations import correlation
 
-with _optional.requires("celery", __name__):
+with optional.requires("celery", __name__):
     from celery import shared_task
 
 if TYPE_CHECKING:
@@ -51,7 +53,7 @@ if TYPE_CHECKING:
     from celery import Task
 
     from django_idempotency.conf import Mode
-    from django_idempotency.store import StoredResponse
+    from django_idempotency.core.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

@@ -20,7 +20,7 @@ from django.db.models import F
 from django.utils.cache import get_conditional_response
 
 from django_idempotency import problems
-from django_idempotency.fingerprint import canonical_json
+from django_idempotency.core.fingerprint import canonical_json
 
 if TYPE_CHECKING:
     from django.db.models import Model

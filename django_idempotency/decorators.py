@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, overload
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
-from django_idempotency._optional import installed
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,
     PreconditionError,
@@ -18,8 +17,9 @@ from django_idempotency.conditional import (
     etag_for_version,
     names_a_version,
 )
-from django_idempotency.engine import Engine, default_engine
-from django_idempotency.keyed_request import around_async
+from django_idempotency.core.engine import Engine, default_engine
+from django_idempotency.core.keyed_request import around_async
+from django_idempotency.core.optional import installed
 from django_idempotency.policy import Policy, check_option_names
 
 if TYPE_CHECKING:

@@ -8,14 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import router, transaction
 
-from django_idempotency import _optional
+from django_idempotency.core import optional
 
-with _optional.requires("drf", __name__):
+with optional.requires("drf", __name__):
     from rest_framework import parsers
     from rest_framework.exceptions import ParseError
     from rest_framework.utils.encoders import JSONEncoder
 
-from django_idempotency.bodies import JSONTooDeep, check_json_depth, max_json_depth
 from django_idempotency.conditional import (
     CONDITIONAL_METHODS,
     PreconditionError,
@@ -26,10 +25,11 @@ from django_idempotency.conditional import (
     names_a_version,
 )
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolve_callable
-from django_idempotency.engine import Engine, default_engine
-from django_idempotency.fingerprint import buffer_body
+from django_idempotency.core.bodies import JSONTooDeep, check_json_depth, max_json_depth
+from django_idempotency.core.engine import Engine, default_engine
+from django_idempotency.core.fingerprint import buffer_body
+from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
 from django_idempotency.policy import SETTING_OF, Policy
-from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.http import Http404
 
-from django_idempotency import _optional
+from django_idempotency.core import optional
 
-with _optional.requires("drf", __name__):
+with optional.requires("drf", __name__):
     from rest_framework import exceptions
     from rest_framework.views import exception_handler
 
 from django_idempotency import problems
-from django_idempotency.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
 
 if TYPE_CHECKING:
     from django.http import HttpResponse

@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 # The managers work on the model they manage, and import nothing of this module.
-from django_idempotency.lifecycle import (
+from django_idempotency.core.lifecycle import (
     IdempotencyKeyManager,
     InboxEventQuerySet,
     OutboxMessageQuerySet,

@@ -26,14 +26,17 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpResponseBase
 
-from django_idempotency import _optional
+from django_idempotency.core import optional
 
-with _optional.requires("ninja", __name__):
+with optional.requires("ninja", __name__):
     from ninja.decorators import decorate_view
     from ninja.utils import contribute_operation_callback
 
 from django_idempotency import problems
-from django_idempotency._openapi_contract import (
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.core.engine import Engine, default_engine
+from django_idempotency.core.keyed_request import around_async, unavailable_is_503
+from django_idempotency.core.openapi_contract import (
     PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
     PROBLEM_SCHEMA,
@@ -43,11 +46,8 @@ from django_idempotency._openapi_contract import (
     key_parameter,
     problem_response,
 )
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.engine import Engine, default_engine
-from django_idempotency.keyed_request import around_async, unavailable_is_503
+from django_idempotency.core.responses import DATABASE_UNAVAILABLE
 from django_idempotency.policy import Policy, check_option_names
-from django_idempotency.responses import DATABASE_UNAVAILABLE
 from django_idempotency.scope import default_scope, get_principal
 
 if TYPE_CHECKING:

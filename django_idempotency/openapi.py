@@ -14,15 +14,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency import _optional
+from django_idempotency.core import optional
 
 # Named first: the openapi extra brings Django REST framework too.
-with _optional.requires("openapi", __name__):
+with optional.requires("openapi", __name__):
     from drf_spectacular.drainage import warn
     from drf_spectacular.extensions import OpenApiViewExtension
     from drf_spectacular.plumbing import ResolvedComponent, get_class
 
-from django_idempotency._openapi_contract import (
+from django_idempotency.conditional import CONDITIONAL_METHODS
+from django_idempotency.core.openapi_contract import (
     PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
     PROBLEM_SCHEMA,
@@ -33,7 +34,6 @@ from django_idempotency._openapi_contract import (
     key_parameter,
     problem_response,
 )
-from django_idempotency.conditional import CONDITIONAL_METHODS
 from django_idempotency.drf import ConditionalMixin, IdempotentMixin
 
 if TYPE_CHECKING:

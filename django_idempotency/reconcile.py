@@ -32,9 +32,9 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings, resolve_callable
+from django_idempotency.core.responses import capture
+from django_idempotency.core.store import KeyStore, key_store
 from django_idempotency.keys import downstream_key
-from django_idempotency.responses import capture
-from django_idempotency.store import KeyStore, key_store
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping

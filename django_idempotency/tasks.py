@@ -5,7 +5,7 @@ Every task is safe to run on several workers at once and when beat fires twice.
 
 from __future__ import annotations
 
-from django_idempotency._celery import task
+from django_idempotency.core.task_sending import task
 from django_idempotency.inbox.processing import dispatch_due, process
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox.relaying import relay

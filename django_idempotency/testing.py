@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from django.http import HttpResponse, StreamingHttpResponse
 from django.test.utils import TestContextDecorator, override_settings
 
-from django_idempotency._optional import installed, missing
 from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings
-from django_idempotency.responses import STATUS_HEADER
+from django_idempotency.core.optional import installed, missing
+from django_idempotency.core.responses import STATUS_HEADER
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

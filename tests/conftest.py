@@ -144,8 +144,8 @@ def vendor():
 def unwritten_counts():
     """Each test starts without replay or delivery counts from another, whose rows were rolled
     back."""
+    from django_idempotency.core.store import replay_counts  # noqa: PLC0415 - needs the app registry
     from django_idempotency.inbox.receiving import delivery_counts  # noqa: PLC0415
-    from django_idempotency.store import replay_counts  # noqa: PLC0415 - needs the app registry
 
     for counts in (replay_counts, delivery_counts):
         counts.discard()

@@ -15,8 +15,8 @@ IMPORTED_BY = {
     "tenacity": ("client",),
     "httpx": ("client",),
     "requests": ("client",),
-    "prometheus_client": ("metrics",),
-    "opentelemetry": ("tracing",),
+    "prometheus_client": ("operations.metrics",),
+    "opentelemetry": ("operations.tracing",),
 }
 
 
@@ -28,8 +28,11 @@ def without(*libraries: str):
     library, or any module under it, raises ModuleNotFoundError, and ``find_spec`` of its name
     answers None. Everything is put back on exit.
     """
-    package = sys.modules["django_idempotency"].__dict__
-    with mock.patch.dict(sys.modules), mock.patch.dict(package):
+    packages = ("django_idempotency", "django_idempotency.operations")
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(sys.modules))
+        for package in packages:
+            stack.enter_context(mock.patch.dict(sys.modules[package].__dict__))
         for name in list(sys.modules):
             if name.partition(".")[0] in libraries:
                 del sys.modules[name]
@@ -43,5 +46,6 @@ def without(*libraries: str):
         for library in libraries:
             sys.modules[library] = None  # type: ignore[assignment]
             for module in IMPORTED_BY.get(library, ()):
-                package.pop(module, None)
+                parent, _, name = f"django_idempotency.{module}".rpartition(".")
+                sys.modules[parent].__dict__.pop(name, None)
         yield

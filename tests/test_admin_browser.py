@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
+from django_idempotency.core.store import replay_counts
 from django_idempotency.inbox.receiving import delivery_counts
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish, relay
 from django_idempotency.outbox import relaying as outbox_relaying
-from django_idempotency.store import replay_counts
 from tests.conftest import ApiClient
 from tests.factories import UserFactory
 from tests.inbox import deliver, refund_event

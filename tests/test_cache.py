@@ -20,10 +20,10 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency import cache as replay_cache_module
-from django_idempotency.engine import default_engine
+from django_idempotency.core import cache as replay_cache_module
+from django_idempotency.core.engine import default_engine
+from django_idempotency.core.store import replay_counts
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import replay_counts
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 

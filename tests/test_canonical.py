@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from django_idempotency import canonical
+from django_idempotency.core import canonical
 
 BEYOND_A_DOUBLE = 2**53 + 1  # the first integer a double cannot hold
 

@@ -15,7 +15,7 @@ from django.http import JsonResponse
 from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
-from django_idempotency import canonical, signals
+from django_idempotency import signals
 from django_idempotency.celery import (
     TaskInProgress,
     TaskKeyInvalid,
@@ -24,12 +24,13 @@ from django_idempotency.celery import (
     arguments_fingerprint,
     idempotent_task,
 )
-from django_idempotency.correlation import get_correlation_id
-from django_idempotency.engine import Engine
+from django_idempotency.core import canonical
+from django_idempotency.core.engine import Engine
+from django_idempotency.core.store import KeyStore
 from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
+from django_idempotency.operations.correlation import get_correlation_id
 from django_idempotency.policy import Policy
-from django_idempotency.store import KeyStore
 from tests.factories import IdempotencyKeyFactory
 from tests.task_worker import refund
 from tests.test_store import in_threads
@@ -354,7 +355,7 @@ def test_outcomes_are_signalled():
 
 @pytest.mark.django_db(transaction=True)
 def test_metrics_count_task_outcomes():
-    from django_idempotency.metrics import TASKS  # noqa: PLC0415
+    from django_idempotency.operations.metrics import TASKS  # noqa: PLC0415
 
     def count(outcome):
         return TASKS.labels(outcome=outcome, task="tests.record")._value.get()

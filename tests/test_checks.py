@@ -13,10 +13,11 @@ from django.test import override_settings
 from django.urls import include, path
 from rest_framework.views import APIView
 
-from django_idempotency import checks, conf
-from django_idempotency.checks import check_database, check_settings, check_views
+from django_idempotency import conf
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
+from django_idempotency.operations import checks
+from django_idempotency.operations.checks import check_database, check_settings, check_views
 
 SOURCE = Path(checks.__file__).read_text() + Path(conf.__file__).read_text()
 
@@ -137,7 +138,7 @@ def test_an_unsupported_database_is_an_error(monkeypatch):
 def test_a_mariadb_server_is_checked_when_django_connects(
     monkeypatch, is_mariadb, version, isolation, expected
 ):
-    from django_idempotency.checks import check_mariadb  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_mariadb  # noqa: PLC0415
 
     monkeypatch.setattr(connection, "vendor", "mysql")
     for name, value in [
@@ -165,7 +166,7 @@ def test_keys_in_another_database_than_the_views_are_warned_about(monkeypatch):
 
 
 def test_a_replay_cache_that_swallows_errors_is_warned_about():
-    from django_idempotency.checks import check_cache  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_cache  # noqa: PLC0415
 
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -192,7 +193,7 @@ def test_a_replay_cache_that_swallows_errors_is_warned_about():
     ],
 )
 def test_w003_follows_what_django_redis_does_with_ignore_exceptions(options, project_wide, warned):
-    from django_idempotency.checks import check_cache  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_cache  # noqa: PLC0415
 
     replay = {
         "BACKEND": THIRD_PARTY_REDIS,
@@ -214,7 +215,7 @@ def test_w003_follows_what_django_redis_does_with_ignore_exceptions(options, pro
 
 
 def test_the_project_wide_ignore_exceptions_is_django_redis_s_alone():
-    from django_idempotency.checks import check_cache  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_cache  # noqa: PLC0415
 
     caches_setting = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -249,7 +250,7 @@ def test_a_json_depth_deeper_than_a_database_stores_is_warned_about(
 ):
     from django.db import connections  # noqa: PLC0415
 
-    from django_idempotency.checks import check_json_depth  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_json_depth  # noqa: PLC0415
 
     for alias in connections:
         monkeypatch.setattr(connections[alias], "vendor", vendor)
@@ -263,7 +264,7 @@ def test_a_json_depth_deeper_than_a_database_stores_is_warned_about(
 def test_only_a_mariadb_alias_is_warned_about(monkeypatch):
     from django.db import connections  # noqa: PLC0415
 
-    from django_idempotency.checks import check_json_depth  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_json_depth  # noqa: PLC0415
 
     monkeypatch.setattr(connections["default"], "vendor", "postgresql")
     monkeypatch.setattr(connections["other"], "vendor", "mysql")
@@ -285,7 +286,7 @@ def test_only_a_mariadb_alias_is_warned_about(monkeypatch):
     ],
 )
 def test_a_lease_too_short_to_survive_a_slow_renewal_is_warned_about(lease, expected):
-    from django_idempotency.checks import check_lease  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_lease  # noqa: PLC0415
 
     with override_settings(IDEMPOTENCY={"LEASE_TIMEOUT": lease}):
         assert ids(check_lease()) == expected
@@ -356,7 +357,7 @@ def test_a_lease_too_short_to_survive_a_slow_renewal_is_warned_about(lease, expe
     ],
 )
 def test_a_redis_replay_cache_without_timeouts_is_warned_about(replay, warned, monkeypatch):
-    from django_idempotency.checks import check_cache  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_cache  # noqa: PLC0415
 
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
@@ -395,7 +396,7 @@ def passed_to_redis_py(cache, monkeypatch):
 
 
 def test_a_replay_cache_may_be_warned_about_twice():
-    from django_idempotency.checks import check_cache  # noqa: PLC0415
+    from django_idempotency.operations.checks import check_cache  # noqa: PLC0415
 
     caches = {
         "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},

@@ -13,26 +13,26 @@ from django.test import RequestFactory, override_settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from django_idempotency.correlation import (
+from django_idempotency.core.outcomes import _problem_code
+from django_idempotency.decorators import idempotent
+from django_idempotency.inbox.processing import process
+from django_idempotency.models import InboxEvent, OutboxMessage
+from django_idempotency.operations.correlation import (
     CorrelationIdFilter,
     CorrelationIdMiddleware,
     bind,
     from_headers,
     get_correlation_id,
 )
-from django_idempotency.decorators import idempotent
-from django_idempotency.inbox.processing import process
-from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish
 from django_idempotency.outbox import relaying as outbox_relay
-from django_idempotency.outcomes import _problem_code
 from tests.factories import InboxEventFactory
 from tests.test_outbox import server, to_inbox  # noqa: F401 - fixtures
 from tests.testapp import urls as testapp_urls
 
 WITH_MIDDLEWARE = override_settings(
     MIDDLEWARE=[
-        "django_idempotency.correlation.CorrelationIdMiddleware",
+        "django_idempotency.operations.correlation.CorrelationIdMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from django_idempotency import checks, conf, problems
+from django_idempotency import conf, problems
 from django_idempotency.conf import DEFAULTS
+from django_idempotency.operations import checks
 from django_idempotency.signing import StandardWebhooksSignature
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"

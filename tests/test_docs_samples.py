@@ -83,11 +83,11 @@ from rest_framework.decorators import api_view, permission_classes
 from rest_framework.settings import api_settings
 
 from django_idempotency import signals
-from django_idempotency.checks import MARIADB_JSON_DEPTH
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.inbox import handlers, inbox_handler
 from django_idempotency.models import IdempotencyKey, OutboxMessage
+from django_idempotency.operations.checks import MARIADB_JSON_DEPTH
 from django_idempotency.outbox import dispatchers
 from django_idempotency.reconcile import ExpiredKey, NothingHappened, Reconciled, Unknown
 from tests import docs_project

@@ -15,9 +15,9 @@ from rest_framework.test import APIRequestFactory
 from rest_framework.views import APIView
 
 from django_idempotency.conf import DEEPEST_JSON, DEFAULTS
+from django_idempotency.core.store import replay_counts
 from django_idempotency.drf import JSONParser
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import replay_counts
 from tests.conftest import ApiClient, basic_auth, send_chunked
 from tests.testapp.models import LedgerEntry, Payment
 

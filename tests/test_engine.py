@@ -12,13 +12,13 @@ from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.engine import Engine, default_engine
+from django_idempotency.core.engine import Engine, default_engine
+from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
+from django_idempotency.core.outcomes import Outcome
+from django_idempotency.core.store import key_store
 from django_idempotency.keys import ScopedKey
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.operation import Answer, Operation, Record, fit_scope
-from django_idempotency.outcomes import Outcome
 from django_idempotency.policy import Policy
-from django_idempotency.store import key_store
 from tests.testapp.models import Payment
 
 pytestmark = pytest.mark.django_db

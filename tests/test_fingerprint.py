@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_idempotency.conf import DEEPEST_JSON, DEFAULTS
-from django_idempotency.fingerprint import UnreadableBody, canonical_json, request_fingerprint
+from django_idempotency.core.fingerprint import UnreadableBody, canonical_json, request_fingerprint
 
 factory = RequestFactory()
 MAX_JSON_DEPTH = DEFAULTS["MAX_JSON_DEPTH"]

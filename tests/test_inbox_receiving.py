@@ -7,7 +7,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import canonical
+from django_idempotency.core import canonical
 from django_idempotency.inbox import receive
 from django_idempotency.inbox.receiving import payload_hash
 from django_idempotency.models import InboxEvent

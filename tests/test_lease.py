@@ -17,9 +17,9 @@ from django.db import connection
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency.engine import Engine
+from django_idempotency.core.engine import Engine
+from django_idempotency.core.store import Conflict, KeyStore, NewKey, key_store
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Conflict, KeyStore, NewKey, key_store
 from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Charge, Payment
@@ -334,7 +334,7 @@ class TestLeaseEdges:
         from django.http import HttpResponse  # noqa: PLC0415
         from django.test import RequestFactory  # noqa: PLC0415
 
-        from django_idempotency.engine import Engine  # noqa: PLC0415
+        from django_idempotency.core.engine import Engine  # noqa: PLC0415
         from django_idempotency.policy import Policy  # noqa: PLC0415
 
         request = RequestFactory().post("/lease-direct/", b"{}", content_type="application/json")

@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.http import JsonResponse
 from django.test import RequestFactory
 
-from django_idempotency._optional import EXTRAS, installed
+from django_idempotency.core.optional import EXTRAS, installed
 from tests.libraries import IMPORTED_BY, without
 
 
@@ -27,8 +27,8 @@ from tests.libraries import IMPORTED_BY, without
         ("tasks", "celery", "celery"),
         ("celery", "celery", "celery"),
         ("client", "tenacity", "client"),
-        ("metrics", "prometheus_client", "metrics"),
-        ("tracing", "opentelemetry", "tracing"),
+        ("operations.metrics", "prometheus_client", "metrics"),
+        ("operations.tracing", "opentelemetry", "tracing"),
     ],
 )
 def test_a_module_imported_without_its_library_names_the_extra(module, library, extra):
@@ -41,7 +41,7 @@ def test_a_module_imported_without_its_library_names_the_extra(module, library, 
 
 
 def test_an_import_error_from_an_installed_library_is_not_blamed_on_the_extra():
-    from django_idempotency._optional import requires  # noqa: PLC0415
+    from django_idempotency.core.optional import requires  # noqa: PLC0415
 
     with pytest.raises(ImportError, match="cannot import name"), requires("drf", "somewhere"):
         from rest_framework import no_such_name  # noqa: F401, PLC0415
@@ -190,8 +190,8 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
         "django_idempotency.tasks": "celery",
         "django_idempotency.celery": "celery",
         "django_idempotency.client": "client",
-        "django_idempotency.metrics": "metrics",
-        "django_idempotency.tracing": "tracing",
+        "django_idempotency.operations.metrics": "metrics",
+        "django_idempotency.operations.tracing": "tracing",
     }
     for module, result in outcome.items():
         if module in needs:

@@ -11,9 +11,9 @@ import pytest
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
-from django_idempotency.counting import DeferredCounts
+from django_idempotency.core.counting import DeferredCounts
+from django_idempotency.core.store import Claim, NewKey, StoredResponse, key_store, replay_counts
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Claim, NewKey, StoredResponse, key_store, replay_counts
 from tests.conftest import in_memory_sqlite
 from tests.factories import IdempotencyKeyFactory
 from tests.test_store import in_threads

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
-from django_idempotency.retry_queue import (
+from django_idempotency.queue.schedule import (
     ERROR_MAX_LENGTH,
     RetrySchedule,
     change_unclaimed,

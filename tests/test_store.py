@@ -14,8 +14,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_idempotency.core.store import Claim, NewKey, StoredResponse, key_store
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import Claim, NewKey, StoredResponse, key_store
 from tests.conftest import ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
@@ -370,7 +370,7 @@ def test_a_lock_timeout_is_recognised_from_either_postgresql_driver(cause, expec
     # instead of skipping the locked rows.
     from django.db import OperationalError  # noqa: PLC0415
 
-    from django_idempotency.databases import is_lock_timeout  # noqa: PLC0415
+    from django_idempotency.core.databases import is_lock_timeout  # noqa: PLC0415
 
     error = OperationalError(str(cause))
     error.__cause__ = cause

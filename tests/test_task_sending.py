@@ -1,4 +1,4 @@
-"""Sending the package's own tasks by name (``django_idempotency._celery``).
+"""Sending the package's own tasks by name (``django_idempotency.core.task_sending``).
 
 Through the broker, or in process when Celery is eager.
 """
@@ -10,7 +10,8 @@ from celery import current_app
 from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
-from django_idempotency import _celery, tasks
+from django_idempotency import tasks
+from django_idempotency.core import task_sending
 from django_idempotency.inbox import receive
 from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish
@@ -21,7 +22,7 @@ from tests.libraries import without
 def test_a_task_is_sent_by_its_name_and_a_broker_error_is_returned_not_raised(monkeypatch):
     sent = []
     monkeypatch.setattr(current_app, "send_task", lambda name, args: sent.append((name, args)))
-    assert _celery.enqueue("django_idempotency.process_inbox_event", 7) is None
+    assert task_sending.enqueue("django_idempotency.process_inbox_event", 7) is None
     assert sent == [("django_idempotency.process_inbox_event", (7,))]
 
     refused = ConnectionRefusedError(111, "Connection refused")
@@ -30,7 +31,7 @@ def test_a_task_is_sent_by_its_name_and_a_broker_error_is_returned_not_raised(mo
         raise refused
 
     monkeypatch.setattr(current_app, "send_task", unreachable)
-    assert _celery.enqueue("django_idempotency.relay_outbox") is refused
+    assert task_sending.enqueue("django_idempotency.relay_outbox") is refused
 
 
 def test_every_name_the_package_sends_is_one_of_its_tasks():
@@ -63,4 +64,4 @@ def test_an_eager_app_runs_the_tasks_in_process_as_their_delay_would():
 
 def test_sending_a_task_without_celery_names_the_extra():
     with without("celery"), pytest.raises(ImproperlyConfigured, match=r"\[celery\]"):
-        _celery.enqueue("django_idempotency.relay_outbox")
+        task_sending.enqueue("django_idempotency.relay_outbox")

@@ -14,9 +14,9 @@ from django.test import SimpleTestCase, override_settings
 from rest_framework.test import APIClient
 
 from django_idempotency import signals
-from django_idempotency.checks import check_settings
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.models import IdempotencyKey, InboxEvent
+from django_idempotency.operations.checks import check_settings
 from django_idempotency.testing import IdempotentAPIClient, assert_idempotent, idempotency_disabled
 from tests.conftest import basic_auth
 from tests.inbox import deliver, refund_event

@@ -8,8 +8,8 @@ import pytest
 from django.db import OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from django_idempotency.core.transactions import write_transaction
 from django_idempotency.models import InboxEvent
-from django_idempotency.transactions import write_transaction
 
 ALIAS = "sqlite_file"
 # Long enough that failing "at once" cannot be mistaken for having waited it out.

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency import _optional
 from django_idempotency.client._breaker import CircuitBreaker, CircuitBreakers, CircuitOpen
 from django_idempotency.client._budgets import RetryBudget, RetryBudgets
 
@@ -35,13 +34,14 @@ from django_idempotency.client._policy import (
     Jitter,  # noqa: F401
     RetryPolicy,
 )
+from django_idempotency.core import optional
 
 # Tenacity runs every retry loop: without it the package has nothing to offer, whichever HTTP
 # library is installed.
-with _optional.requires("client", __name__):
+with optional.requires("client", __name__):
     from django_idempotency.client._operation import logger  # noqa: F401
 
-if _optional.installed("httpx"):
+if optional.installed("httpx"):
     from django_idempotency.client._httpx import (
         AsyncRetryTransport,
         RetryTransport,
@@ -49,7 +49,7 @@ if _optional.installed("httpx"):
         retrying_client,
     )
 
-if _optional.installed("requests.adapters"):
+if optional.installed("requests.adapters"):
     from django_idempotency.client._requests import RetryAdapter, retrying_session
 
 __all__ = [

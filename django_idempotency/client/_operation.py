@@ -26,7 +26,7 @@ from django_idempotency.client._policy import (
     backoff,
     parse_retry_after,
 )
-from django_idempotency.outcomes import report_retry
+from django_idempotency.core.outcomes import report_retry
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping

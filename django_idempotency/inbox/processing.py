@@ -31,19 +31,21 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from django_idempotency import _celery, correlation, signals
+from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.core import task_sending
+from django_idempotency.core.outcomes import report_retry, state_change
+from django_idempotency.core.transactions import write_transaction
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
-from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import (
+from django_idempotency.operations import correlation
+from django_idempotency.queue.schedule import (
     RetrySchedule,
     change_unclaimed,
     due,
     error_text,
     stopped_text,
 )
-from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,7 +82,7 @@ def dispatch(pk: int) -> Outcome | None:
     """
     if idempotency_settings.INBOX_RUNNER != "celery":
         return process(pk)
-    error = _celery.enqueue("django_idempotency.process_inbox_event", pk)
+    error = task_sending.enqueue("django_idempotency.process_inbox_event", pk)
     if error is not None:
         logger.warning(
             "could not hand inbox event %d to Celery; it will be dispatched again",

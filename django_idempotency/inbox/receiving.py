@@ -20,10 +20,11 @@ from django import db
 from django.db import connections, models, router, transaction
 from django.utils import timezone
 
-from django_idempotency import canonical, correlation, signals
+from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.counting import Count, DeferredCounts
-from django_idempotency.databases import Names
+from django_idempotency.core import canonical
+from django_idempotency.core.counting import Count, DeferredCounts
+from django_idempotency.core.databases import Names
 from django_idempotency.inbox.processing import (
     CHANNEL,
     DISPATCH_GRACE,
@@ -32,6 +33,7 @@ from django_idempotency.inbox.processing import (
     log_fields,
 )
 from django_idempotency.models import InboxEvent
+from django_idempotency.operations import correlation
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

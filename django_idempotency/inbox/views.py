@@ -14,7 +14,7 @@ from django.views import View
 from django.views.decorators.csrf import csrf_exempt
 
 from django_idempotency import problems, signals
-from django_idempotency.bodies import (
+from django_idempotency.core.bodies import (
     JSONNotStandard,
     JSONTooDeep,
     check_json_depth,

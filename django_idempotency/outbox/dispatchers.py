@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency import _celery, _optional, correlation
+from django_idempotency.core import optional, task_sending
 from django_idempotency.exceptions import PermanentError
+from django_idempotency.operations import correlation
 from django_idempotency.signing import StandardWebhooksSignature
 
 if TYPE_CHECKING:
@@ -141,7 +142,7 @@ class WebhookDispatcher:
         # One client per thread: its connections are reused from one message to the next.
         client: httpx.Client | None = getattr(self._local, "client", None)
         if client is None:
-            if not _optional.installed("httpx"):
+            if not optional.installed("httpx"):
                 msg = (
                     "WebhookDispatcher needs httpx, not installed: "
                     'pip install "django-idempotency[client]" httpx'
@@ -178,7 +179,7 @@ class CeleryTaskDispatcher:
         options: dict[str, Any] = {}
         if (correlation_id := correlation.from_headers(message.headers)) is not None:
             options["headers"] = {correlation.HEADER: correlation_id}
-        _celery.send_task(
+        task_sending.send_task(
             self.task_name,
             needed_by="CeleryTaskDispatcher",
             kwargs={"payload": message.payload, "message_id": str(message.message_id)},

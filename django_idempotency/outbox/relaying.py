@@ -25,20 +25,21 @@ from django.db import connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
-from django_idempotency import _celery, correlation
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.core import task_sending
+from django_idempotency.core.outcomes import report_retry, state_change
+from django_idempotency.core.transactions import write_transaction
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
+from django_idempotency.operations import correlation
 from django_idempotency.outbox.dispatchers import get_dispatcher
-from django_idempotency.outcomes import report_retry, state_change
-from django_idempotency.retry_queue import (
+from django_idempotency.queue.schedule import (
     RetrySchedule,
     change_unclaimed,
     due,
     error_text,
     stopped_text,
 )
-from django_idempotency.transactions import write_transaction
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -127,7 +128,7 @@ def trigger() -> None:
             # What was published is committed: the periodic relay will send it.
             logger.exception("could not relay the outbox after a commit")
         return
-    error = _celery.enqueue("django_idempotency.relay_outbox")
+    error = task_sending.enqueue("django_idempotency.relay_outbox")
     if error is not None:
         logger.warning("could not ask Celery to relay the outbox", exc_info=error)
 

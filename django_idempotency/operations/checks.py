@@ -16,7 +16,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
-from django_idempotency.databases import SUPPORTED_VENDORS
+from django_idempotency.core.databases import SUPPORTED_VENDORS
 from django_idempotency.policy import SETTING_OF
 
 if TYPE_CHECKING:

@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 
 from django_idempotency import problems
-from django_idempotency.cache import ReplayCache
-from django_idempotency.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
-from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
-from django_idempotency.operation import Answer, Operation, Record, fit_scope
-from django_idempotency.outcomes import Decision, Outcome
-from django_idempotency.responses import (
+from django_idempotency.core.cache import ReplayCache
+from django_idempotency.core.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
+from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
+from django_idempotency.core.outcomes import Decision, Outcome
+from django_idempotency.core.responses import (
     DATABASE_UNAVAILABLE,
     STATUS_HEADER,
     capture,
     replay_response,
     unavailable_response,
 )
+from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
 from django_idempotency.scope import AnonymousRejected
 
 if TYPE_CHECKING:
@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 
     from django.http import HttpRequest, HttpResponseBase
 
+    from django_idempotency.core.store import StoredResponse
     from django_idempotency.policy import Policy
-    from django_idempotency.store import StoredResponse
 
 T = TypeVar("T")
 F = TypeVar("F", bound="Callable[..., Any]")

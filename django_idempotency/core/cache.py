@@ -22,7 +22,7 @@ from django.db import transaction
 from django.dispatch import receiver
 from django.utils import timezone
 
-from django_idempotency.store import StoredResponse
+from django_idempotency.core.store import StoredResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency import _optional
+from django_idempotency.core import optional
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -20,7 +20,7 @@ TASKS_MODULE = "django_idempotency.tasks"
 
 
 def _app(needed_by: str) -> Any:
-    with _optional.requires("celery", needed_by):
+    with optional.requires("celery", needed_by):
         from celery import current_app  # noqa: PLC0415 - Celery is optional
 
     return current_app
@@ -28,7 +28,7 @@ def _app(needed_by: str) -> Any:
 
 def task(name: str, **options: Any) -> Callable[[Callable[..., Any]], Any]:
     """Declare one of the package's tasks, in whichever Celery app the project runs."""
-    with _optional.requires("celery", TASKS_MODULE):
+    with optional.requires("celery", TASKS_MODULE):
         from celery import shared_task  # noqa: PLC0415 - Celery is optional
 
     # The tasks report through the database and the logs: a result backend would only fill up.

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING
 
 from django.http.multipartparser import MultiPartParserError
 
-from django_idempotency import canonical
-from django_idempotency.bodies import UnfitJSON, length_unknown, load_json
+from django_idempotency.core import canonical
+from django_idempotency.core.bodies import UnfitJSON, length_unknown, load_json
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from datetime import timedelta
 
-    from django_idempotency.store import Claim, KeyStore
+    from django_idempotency.core.store import Claim, KeyStore
 
 logger = logging.getLogger("django_idempotency")
 

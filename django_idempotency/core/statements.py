@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from django_idempotency.databases import Names
+from django_idempotency.core.databases import Names
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper

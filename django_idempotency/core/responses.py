@@ -11,7 +11,7 @@ from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 from django_idempotency import problems
 
 if TYPE_CHECKING:
-    from django_idempotency.store import StoredResponse
+    from django_idempotency.core.store import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

@@ -13,17 +13,17 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
+from django_idempotency.core.store import NewKey
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.store import NewKey
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
 
-    from django_idempotency.cache import ReplayCache
     from django_idempotency.conf import Mode
+    from django_idempotency.core.cache import ReplayCache
+    from django_idempotency.core.outcomes import Outcome
+    from django_idempotency.core.store import StoredResponse
     from django_idempotency.keys import ScopedKey
-    from django_idempotency.outcomes import Outcome
-    from django_idempotency.store import StoredResponse
 
 SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
 ROUTE_LENGTH = IdempotencyKey._meta.get_field("route").max_length or 0

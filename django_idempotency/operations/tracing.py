@@ -15,9 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django_idempotency import _optional, outcomes, signals
+from django_idempotency import signals
+from django_idempotency.core import optional, outcomes
 
-with _optional.requires("tracing", __name__):
+with optional.requires("tracing", __name__):
     from opentelemetry import trace
 
 
@@ -37,7 +38,7 @@ def _annotate(*, outcome: str, key: str | None, attempt: int, overhead: float, *
 
 
 for _signal in signals.DECISION_SIGNALS:
-    _signal.connect(_annotate, dispatch_uid="django_idempotency.tracing", weak=False)
+    _signal.connect(_annotate, dispatch_uid="django_idempotency.operations.tracing", weak=False)
 
 
 def _retry_event(*, component: str, delay: float, attempt: int, **details: Any) -> None:
@@ -57,5 +58,5 @@ def _retry_event(*, component: str, delay: float, attempt: int, **details: Any) 
 
 
 outcomes.retry_scheduled.connect(
-    _retry_event, dispatch_uid="django_idempotency.tracing", weak=False
+    _retry_event, dispatch_uid="django_idempotency.operations.tracing", weak=False
 )

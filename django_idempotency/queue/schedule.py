@@ -13,8 +13,8 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django_idempotency.backoff import full_jitter
 from django_idempotency.exceptions import PermanentError
+from django_idempotency.queue.backoff import full_jitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -57,7 +57,7 @@ class RetrySchedule:
 def due(rows: QuerySet[_M], now: datetime) -> QuerySet[_M]:
     """The rows of ``rows`` due at ``now`` that no attempt holds, locked as they are read.
 
-    Read them in a :func:`~django_idempotency.transactions.write_transaction`, in the order
+    Read them in a :func:`~django_idempotency.core.transactions.write_transaction`, in the order
     that the table's due index serves. A locked row is mid-attempt: skipped, not waited for.
     """
     return rows.select_for_update(skip_locked=True).filter(next_attempt_at__lte=now)
@@ -69,7 +69,7 @@ def change_unclaimed(
     """Make a person's ``changes`` to the rows of ``selected`` that no attempt holds.
 
     Return the ``pk``, ``status`` and ``fields`` of each row changed, as they were. Call it in
-    a :func:`~django_idempotency.transactions.write_transaction`: a locked row is mid-attempt,
+    a :func:`~django_idempotency.core.transactions.write_transaction`: a locked row is mid-attempt,
     and skipping it leaves that attempt to finish.
     """
     rows = list(selected.select_for_update(skip_locked=True).values("pk", "status", *fields))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import OperationalError, connections, models, router, transaction
 
-from django_idempotency.databases import (
+from django_idempotency.core.databases import (
     Names,
     again_after_deadlocks,
     is_lock_timeout,

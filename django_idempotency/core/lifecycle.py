@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_idempotency import reconcile
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.purging import Done, PurgeResult, delete_in_batches
+from django_idempotency.core.purging import Done, PurgeResult, delete_in_batches
 
 if TYPE_CHECKING:
     from datetime import datetime

@@ -41,17 +41,18 @@ from django.db import router
 from django.db.models import Q
 from django.utils import timezone
 
-from django_idempotency import _optional, outcomes, signals
+from django_idempotency import signals
+from django_idempotency.core import optional, outcomes
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.reconcile import NEEDS_ATTENTION
 
-with _optional.requires("metrics", __name__):
+with optional.requires("metrics", __name__):
     from prometheus_client import REGISTRY, Counter, Histogram
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
 # The client's extra may be missing: then there are no circuits to report.
-_CLIENT = _optional.installed(_optional.EXTRAS["client"].module)
+_CLIENT = optional.installed(optional.EXTRAS["client"].module)
 if _CLIENT:
     from django_idempotency.client._breaker import STATES, all_breakers
 
@@ -246,8 +247,12 @@ class CircuitCollector(Collector):
 
 def _connect() -> None:
     for signal in signals.DECISION_SIGNALS:
-        signal.connect(_count_decision, dispatch_uid="django_idempotency.metrics", weak=False)
-    signals.task_decided.connect(_count_task, dispatch_uid="django_idempotency.metrics", weak=False)
+        signal.connect(
+            _count_decision, dispatch_uid="django_idempotency.operations.metrics", weak=False
+        )
+    signals.task_decided.connect(
+        _count_task, dispatch_uid="django_idempotency.operations.metrics", weak=False
+    )
     for signal, outcome in (
         (signals.inbox_event_received, "received"),
         (signals.inbox_event_duplicate, "duplicate"),
@@ -256,13 +261,15 @@ def _connect() -> None:
         (signals.inbox_event_dead, "dead"),
     ):
         signal.connect(
-            _inbox_receiver(outcome), dispatch_uid="django_idempotency.metrics", weak=False
+            _inbox_receiver(outcome),
+            dispatch_uid="django_idempotency.operations.metrics",
+            weak=False,
         )
     outcomes.retry_scheduled.connect(
-        _count_retry, dispatch_uid="django_idempotency.metrics", weak=False
+        _count_retry, dispatch_uid="django_idempotency.operations.metrics", weak=False
     )
     signals.inbox_delivery_refused.connect(
-        _count_refusal, dispatch_uid="django_idempotency.metrics", weak=False
+        _count_refusal, dispatch_uid="django_idempotency.operations.metrics", weak=False
     )
     REGISTRY.register(BacklogCollector())
     if _CLIENT:

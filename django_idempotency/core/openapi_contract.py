@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from django_idempotency import problems
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.core.responses import REPLAYED_HEADER, STATUS_HEADER
 from django_idempotency.keys import MAX_LENGTH
-from django_idempotency.responses import REPLAYED_HEADER, STATUS_HEADER
 
 if TYPE_CHECKING:
     from datetime import timedelta

@@ -1,0 +1,318 @@
+"""The engine: claim the key, run the operation, store its result, or replay a stored one.
+
+An *operation* is anything made idempotent by key: a view's request, a Celery task's delivery.
+``Engine.run`` walks one through the key table; ``Engine.handle`` is that walk for a request,
+knowing Django's request and response but nothing of Django REST framework. The DRF mixin, the
+view decorator and Ninja are thin adapters over ``Engine.handle``, the task decorator over
+``Engine.run``.
+
+Atomic mode: the key row is inserted inside the same ``transaction.atomic`` as the view's own
+writes and completed before the commit, so a fresh request costs one commit and a crash rolls
+back the key with the effect. A concurrent duplicate blocks on the unique index until the first
+commits, then replays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.core.exceptions import ImproperlyConfigured
+from django.db import router, transaction
+from django.utils import timezone
+
+from django_idempotency.conf import idempotency_settings
+from django_idempotency.core.keyed_request import KeyedRequest, TimedView, identify
+from django_idempotency.core.leases import LeaseKeeper
+from django_idempotency.core.leases import leases as default_leases
+from django_idempotency.core.operation import Answer, Operation
+from django_idempotency.core.outcomes import Decision, Outcome, report
+from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.store import (
+    Claim,
+    Conflict,
+    KeyBusy,
+    KeyStore,
+    StoredResponse,
+    key_store,
+)
+from django_idempotency.models import IdempotencyKey
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from datetime import datetime
+
+    from django.http import HttpRequest, HttpResponseBase
+
+    from django_idempotency.policy import Policy
+
+R = TypeVar("R")
+
+logger = logging.getLogger("django_idempotency")
+
+_HANDLED = "_django_idempotency_handled"
+
+# How often a run that waits for another one holding its key looks at the key again.
+POLL_SECONDS = 0.05
+
+
+def _release(store: KeyStore, claim: Claim) -> bool:
+    """Mark a lease-mode key failed so that a retry runs again; never mask the real error.
+
+    ``False`` if another run took the key over meanwhile. A database that is unavailable
+    leaves the key to its lease; any other database error is a fault, and surfaces.
+    """
+    try:
+        return store.fail(claim)
+    except DATABASE_UNAVAILABLE:
+        logger.warning("could not release an idempotency key; its lease will run out")
+        return True
+
+
+def _pause_until(deadline: float) -> None:
+    """Wait a little before looking at a key again; ``KeyBusy`` once ``deadline`` passed."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise KeyBusy
+    time.sleep(min(POLL_SECONDS, remaining))
+
+
+def _settled(operation: Operation[R], found: StoredResponse | Conflict) -> Answer[R] | None:
+    """The answer when another run holds the key: its stored result replayed, or a mismatch
+    if that run was a different one; ``None`` while it is still running."""
+    if isinstance(found, StoredResponse):
+        return Answer(Outcome.REPLAYED, operation.decode(found), found.replay_count + 1)
+    if found.fingerprint_matches:
+        return None
+    return Answer(Outcome.MISMATCH)
+
+
+class Engine:
+    """Claim → execute → store, or replay.
+
+    ``clock``, ``leases`` and ``store`` are injectable for tests; without a store, each
+    operation uses the database that the project's routers choose for writing keys.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], datetime] = timezone.now,
+        leases: LeaseKeeper = default_leases,
+        store: KeyStore | None = None,
+    ) -> None:
+        self.clock = clock
+        self.leases = leases
+        self.store = store
+
+    def handle(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        *,
+        policy: Policy,
+        sender: Any,
+        view_request: Any = None,
+    ) -> HttpResponseBase:
+        """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
+
+        With the ``ENABLED`` setting off, call ``view()`` as if there were no key handling.
+
+        ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
+        scope function and signal receivers get.
+        """
+        if request.method not in policy.methods or not idempotency_settings.ENABLED:
+            return view()
+        # Applied twice to one view (decorator and mixin, say), the outer one does the work.
+        if getattr(request, _HANDLED, False):
+            return view()
+        setattr(request, _HANDLED, True)
+        started = time.perf_counter()
+        timed_view = TimedView(view)
+        decision = self._decide(request, timed_view, policy, view_request or request)
+        if decision is None:
+            return view()
+        duration = time.perf_counter() - started
+        report(decision, sender, view_request or request, duration, timed_view.seconds)
+        if decision.error is not None:
+            raise decision.error
+        assert decision.response is not None  # noqa: S101 - for the type checker
+        return decision.response
+
+    def _decide(
+        self,
+        request: HttpRequest,
+        view: Callable[[], HttpResponseBase],
+        policy: Policy,
+        view_request: Any,
+    ) -> Decision | None:
+        keyed = identify(request, view, policy, view_request)
+        if not isinstance(keyed, KeyedRequest):
+            return keyed  # a refusal; or None: no key, and the view does not require one
+        try:
+            return keyed.answered(self.run(keyed))
+        except DATABASE_UNAVAILABLE:
+            # In atomic mode the transaction was rolled back with the key; in lease mode the
+            # view's effect may have happened, and the key tells the retry so.
+            response = unavailable_response(rolled_back=policy.mode == "atomic")
+            return keyed.decision(Outcome.UNAVAILABLE, response)
+        except Exception as exc:  # reported, then re-raised by handle()
+            return keyed.decision(Outcome.NOT_STORED, None, error=exc)
+
+    def run(self, operation: Operation[R]) -> Answer[R]:
+        """Run ``operation``'s body at most once for its key, or answer as the run that did.
+
+        The body's exceptions, and a database's, propagate: the body's writes are rolled back,
+        and in lease mode the key is released first.
+        """
+        try:
+            if operation.cache is not None:
+                cached = operation.cache.get(
+                    scope=operation.scope,
+                    key=operation.key,
+                    fingerprint=operation.fingerprint,
+                    now=self.clock(),
+                )
+                if cached is not None:
+                    return Answer(Outcome.REPLAYED, operation.decode(cached))
+            store = self.store or key_store(IdempotencyKey, router.db_for_write(IdempotencyKey))
+            if operation.mode == "lease":
+                return self._execute_lease(operation, store)
+            return self._execute(operation, store)
+        except KeyBusy:
+            return Answer(Outcome.IN_PROGRESS)
+
+    def _acquire(
+        self, operation: Operation[R], store: KeyStore
+    ) -> Claim | StoredResponse | Conflict:
+        """Ask the store for the key once; a result it replays goes to the cache too."""
+        found = store.acquire(operation.new_key(self.clock()))
+        if isinstance(found, StoredResponse) and operation.cache is not None:
+            # Filled by the first replay, not by the run that stored the result: most keys
+            # are never replayed, and a fresh request should not pay for a cache write.
+            operation.cache.put_after_commit(
+                scope=operation.scope,
+                key=operation.key,
+                fingerprint=operation.fingerprint,
+                stored=found,
+                using=store.using,
+            )
+        return found
+
+    def _complete(self, operation: Operation[R], store: KeyStore, claim: Claim, result: R) -> bool:
+        """Store the result on its claimed row. ``False`` if another run took the key over
+        meanwhile."""
+        record = operation.encode(result)
+        return store.complete(
+            claim, status=record.status, headers=record.headers, body=record.body, now=self.clock()
+        )
+
+    def _execute(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Atomic mode: claim, run and complete in one transaction with the body's writes."""
+        connection = transaction.get_connection(store.using)
+        # Under ATOMIC_REQUESTS, DRF marks the transaction for rollback when a view raises an
+        # API error. A savepoint then undoes just the view's writes, and its answer is still
+        # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
+        savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
+        with transaction.atomic(using=store.using):
+            claim = self._acquire(operation, store)
+            if not isinstance(claim, Claim):
+                # The store waited on the other run as long as the operation allows.
+                if (settled := _settled(operation, claim)) is None:
+                    raise KeyBusy
+                return settled
+            with transaction.atomic(using=store.using, savepoint=savepoint):
+                result = operation.run(claim.attempts)
+            rolled_back = transaction.get_rollback(store.using)
+            if rolled_back or not operation.keeps(result):
+                # Keep nothing, so that a retry runs on a clean slate.
+                transaction.set_rollback(True, using=store.using)
+                return Answer(Outcome.NOT_STORED, result, claim.attempts)
+            if not self._complete(operation, store, claim, result):  # pragma: no cover
+                raise KeyBusy  # the row is locked by this transaction; never commit without it
+        return Answer(Outcome.STORED, result, claim.attempts)
+
+    def _execute_lease(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Lease mode: commit the claim first, run the body under the lease, then store.
+
+        For effects that leave the database (a card charge): a duplicate sees the committed
+        claim and waits for the result, and a run that dies leaves a lease that runs out, after
+        which the next run with the key takes it over. The body's own writes commit in one
+        transaction with the completion, which the lease version fences: a run whose key was
+        taken over keeps none of them.
+        """
+        if transaction.get_connection(store.using).in_atomic_block:
+            raise ImproperlyConfigured(operation.lease_in_transaction)
+        claim = self._wait_for_claim(operation, store)
+        if not isinstance(claim, Claim):
+            return claim
+        with self.leases.keep(store, claim, operation.key, operation.lease_timeout):
+            try:
+                ran = self._run_fenced(operation, store, claim)
+            except Exception:
+                if _release(store, claim):
+                    raise
+                return self._superseded(operation, store)
+        if ran is None:
+            return self._superseded(operation, store)  # the key is no longer this run's
+        result, kept = ran
+        if not kept and not _release(store, claim):
+            return self._superseded(operation, store)
+        outcome = Outcome.STORED if kept else Outcome.NOT_STORED
+        return Answer(outcome, result, claim.attempts)
+
+    def _wait_for_claim(self, operation: Operation[R], store: KeyStore) -> Claim | Answer[R]:
+        """Claim the key; while a live run holds it, look again until the wait runs out."""
+        deadline = time.monotonic() + operation.wait_timeout
+        while True:
+            with transaction.atomic(using=store.using):
+                found = self._acquire(operation, store)
+            if isinstance(found, Claim):
+                return found
+            if (settled := _settled(operation, found)) is not None:
+                return settled
+            # A lease that runs out meanwhile is taken over by the claim itself.
+            _pause_until(deadline)
+
+    def _run_fenced(
+        self, operation: Operation[R], store: KeyStore, claim: Claim
+    ) -> tuple[R, bool] | None:
+        """Run the body (or the recovery) and store its result in one transaction.
+
+        Return the result and whether it was kept; ``None`` if the lease was taken over
+        meanwhile, so the body's writes were rolled back. A result that is not to be stored is
+        returned unkept, its writes rolled back too.
+        """
+        with transaction.atomic(using=store.using):
+            result = None
+            if claim.attempts > 1:
+                # An earlier run with this key did not finish: its effect may have happened.
+                result = operation.recover(claim.attempts)
+            if result is None:
+                result = operation.run(claim.attempts)
+            if not operation.keeps(result):
+                transaction.set_rollback(True, using=store.using)
+                return result, False
+            if not self._complete(operation, store, claim, result):
+                transaction.set_rollback(True, using=store.using)
+                return None
+        return result, True
+
+    def _superseded(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Answer a run whose key was taken over while it ran with the new owner's answer."""
+        logger.error(
+            "the lease on idempotency key %s (%s %s) was taken over while it ran: its writes "
+            "were rolled back, and it answers with the new owner's result",
+            operation.key,
+            operation.method,
+            operation.route,
+        )
+        deadline = time.monotonic() + operation.wait_timeout
+        while True:
+            found = store.replay(operation.new_key(self.clock()))
+            if (settled := _settled(operation, found)) is not None:
+                return settled
+            _pause_until(deadline)
+
+
+default_engine = Engine()

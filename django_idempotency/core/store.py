@@ -1,0 +1,479 @@
+"""What is done to the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
+
+The unique index on (scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
+is one ``INSERT … ON CONFLICT DO NOTHING RETURNING``: it inserts a new row, or returns nothing
+when a row holds the key. Then that row is read, without a lock: a completed row is replayed,
+and an expired, failed or lease-lost one is taken over by ``INSERT … ON CONFLICT DO UPDATE …
+WHERE <expired> RETURNING``, which decides a race for it. Inside a transaction a duplicate blocks
+on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the wait
+is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the wait
+there is the database's busy timeout, and a wait past it is a retryable 503. MariaDB claims with
+an insert that locks the row holding the key (see ``MariaDBKeyStore``). The statements
+themselves are in ``statements.py``.
+
+A replay writes nothing: its count waits in memory (``counting.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import OperationalError, connections, transaction
+from django.db.models import F, Q
+
+from django_idempotency.core import statements
+from django_idempotency.core.counting import Count, DeferredCounts
+from django_idempotency.core.databases import (
+    DEADLOCK,
+    LOCK_WAIT_TIMEOUT,
+    again_after_deadlocks,
+    is_lock_timeout,
+    mariadb_error,
+    placeholders,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.models import Model
+
+    from django_idempotency.core.statements import MariaDBStatements, Statements
+
+
+class KeyBusy(Exception):
+    """Another request holds the key and did not finish within the wait bound."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewKey:
+    """The row a request claims: its key, what the request is, and how long it lives."""
+
+    scope: str
+    key: str
+    method: str
+    route: str
+    fingerprint: str
+    now: datetime
+    expires_at: datetime
+    wait_timeout: float  # for a concurrent request that holds the key
+    locked_until: datetime | None = None  # lease mode
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A key row this request owns until it completes; ``lease_version`` fences the final write."""
+
+    id: int
+    lease_version: int
+    attempts: int  # above 1: an earlier request with this key did not finish
+    expires_at: datetime
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+    replay_count: int
+    expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """A live row holds the key and cannot be replayed for this request."""
+
+    fingerprint_matches: bool
+
+
+def _aware(value: datetime | str) -> datetime:
+    # SQLite hands back text in UTC; PostgreSQL an aware datetime.
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _stored(row: tuple[Any, ...]) -> StoredResponse:
+    status, headers, body, replay_count, expires_at = row
+    if isinstance(headers, str):  # Django loads JSON columns as text
+        headers = json.loads(headers)
+    return StoredResponse(
+        status=status,
+        headers=[(name, value) for name, value in headers or []],
+        body=bytes(body or b""),
+        replay_count=replay_count,
+        expires_at=_aware(expires_at),
+    )
+
+
+def _free(row: tuple[Any, ...], new: NewKey) -> bool:
+    """Whether ``new`` may take over the key row read by ``holder``: it expired or failed, or
+    its request's lease ran out and ``new`` is a retry of that request. That request may have
+    had its effect: a request with another payload is refused, as when the row was live."""
+    state, fingerprint, locked_until, expires_at = row[3], row[4], row[5], row[-1]
+    return (
+        _aware(expires_at) <= new.now
+        or state == "failed"
+        or (
+            locked_until is not None
+            and _aware(locked_until) <= new.now
+            and fingerprint == new.fingerprint
+        )
+    )
+
+
+def key_store(model: type[Model], using: str) -> KeyStore:
+    """The store of ``model``'s keys on the database ``using``; cheap to make for each request.
+
+    MariaDB claims differently; a caller need not know which database it talks to.
+    """
+    if connections[using].vendor == "mysql":
+        return MariaDBKeyStore(model, using)
+    return KeyStore(model, using)
+
+
+# Built once per table and database vendor, not per request.
+_STATEMENTS: dict[tuple[type[Model], str], Statements] = {}
+_MARIADB_STATEMENTS: dict[type[Model], MariaDBStatements] = {}
+
+
+class KeyStore:
+    """The key table's queries on one database alias (see ``key_store()``)."""
+
+    def __init__(self, model: type[Model], using: str) -> None:
+        self.model = model
+        self.using = using
+        self.connection: BaseDatabaseWrapper = connections[using]
+        built = (model, self.connection.vendor)
+        if built not in _STATEMENTS:
+            _STATEMENTS[built] = statements.build(model, self.connection)
+        self.sql = _STATEMENTS[built]
+
+    def _prep(self, name: str, value: Any) -> Any:
+        field = self.model._meta.get_field(name)
+        return field.get_db_prep_save(value, self.connection)  # type: ignore[union-attr] # a concrete field
+
+    def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
+        """Claim the key; or replay the completed row that holds it; or say why neither can be.
+
+        Must run inside ``transaction.atomic``. Raises ``KeyBusy`` when the wait on a concurrent
+        request's uncommitted row is exceeded.
+        """
+        row = self._fetch(self.sql.insert, self._claim_params(new, takeover=False))
+        if row is not None:
+            return Claim(row[0], row[1], row[2], new.expires_at)
+        # A row holds the key: committed before this statement, or while it waited.
+        found = self._holder(new, take_over=True)
+        assert found is not None  # noqa: S101 - a takeover that loses finds the winner's row
+        return found
+
+    def claim(self, new: NewKey) -> Claim | None:
+        """Insert the key row, or take over one that expired, failed or lost its lease.
+
+        ``None`` if a live row holds the key. Must run inside ``transaction.atomic``. Raises
+        ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
+        """
+        row = self._fetch(self.sql.claim, self._claim_params(new, takeover=True))
+        if row is None:
+            return None
+        return Claim(row[0], row[1], row[2], new.expires_at)
+
+    def replay(self, new: NewKey) -> StoredResponse | Conflict:
+        """The completed response that holds the key, or why it cannot be replayed."""
+        found = self._holder(new, take_over=False)
+        if isinstance(found, StoredResponse | Conflict):
+            return found
+        return Conflict(fingerprint_matches=True)  # free to be taken over: not replayable
+
+    def _holder(self, new: NewKey, *, take_over: bool) -> Claim | StoredResponse | Conflict | None:
+        """What becomes of a request whose key a row holds: it replays the row, is refused, or
+        (if ``take_over``) takes over a row that expired, failed or lost its lease.
+
+        ``None``: the row could be taken over, but not by this call.
+        """
+        for _ in range(3):  # a row taken over or purged meanwhile: look again
+            with self.connection.cursor() as cursor:
+                cursor.execute(self.sql.holder, [new.scope, new.key])
+                row = cursor.fetchone()
+            if row is None or _free(row, new):
+                if not take_over:
+                    return None
+                if (claim := self.claim(new)) is not None:
+                    return claim
+                continue  # another request took the row over first: it holds the key now
+            return self._replay_or_refuse(row, new)
+        raise KeyBusy  # the row changed hands three times while this request looked
+
+    def _replay_or_refuse(self, row: tuple[Any, ...], new: NewKey) -> StoredResponse | Conflict:
+        id_, version, _attempts, state, fingerprint, _locked_until, *response = row
+        if fingerprint != new.fingerprint:
+            return Conflict(fingerprint_matches=False)
+        if state != "succeeded":
+            return Conflict(fingerprint_matches=True)  # still running
+        stored = _stored(tuple(response))
+        # Counted as written, with this process's replays that are not yet.
+        unwritten = replay_counts.add(self.model, self.using, id_, version, new.now)
+        return replace(stored, replay_count=stored.replay_count + unwritten)
+
+    def _claim_params(self, new: NewKey, *, takeover: bool) -> list[Any]:
+        params = list(self._inserted(new).values())
+        if takeover:
+            prepared_now = self._prep("expires_at", new.now)
+            params += [prepared_now, prepared_now]
+        if self.connection.vendor == "postgresql":
+            # PostgreSQL reads a lock_timeout of 0 as "wait forever": the shortest wait is 1 ms.
+            params.insert(0, f"{max(1, round(new.wait_timeout * 1000))}ms")
+        return params
+
+    def _inserted(self, new: NewKey) -> dict[str, Any]:
+        """The new row's values, by column, in the order of ``statements.INSERTED``."""
+        values = {
+            "scope": new.scope, "key": new.key, "method": new.method, "route": new.route,
+            "fingerprint": new.fingerprint, "state": "in_progress", "lease_version": 1,
+            "locked_until": self._prep("locked_until", new.locked_until), "attempts": 1,
+            "created_at": self._prep("created_at", new.now),
+            "expires_at": self._prep("expires_at", new.expires_at), "replay_count": 0,
+        }  # fmt: skip
+        return {name: values[name] for name in statements.INSERTED}
+
+    def _fetch(self, sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+        """Run a claiming statement; ``KeyBusy`` if its wait on a duplicate timed out."""
+        with self.connection.cursor() as cursor:
+            try:
+                cursor.execute(sql, params)
+            except OperationalError as exc:
+                if is_lock_timeout(exc):
+                    raise KeyBusy from exc
+                raise
+            return cast("tuple[Any, ...] | None", cursor.fetchone())
+
+    def write_replay_counts(self, counts: Mapping[tuple[int, int], Count]) -> None:
+        """Add replays counted in memory to their rows, in one transaction of their own."""
+        params = [
+            [count.times, *[self._prep("last_replayed_at", count.last_at)] * 2, id_, version]
+            for (id_, version), count in sorted(counts.items())  # in id order: no deadlocks
+        ]
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            if self.connection.vendor == "postgresql":
+                # Statistics: the commit need not wait for the disk.
+                cursor.execute("SET LOCAL synchronous_commit TO OFF")
+            cursor.executemany(self.sql.count_replays, params)
+
+    def complete(
+        self,
+        claim: Claim,
+        *,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        now: datetime,
+    ) -> bool:
+        """Store the response on the claimed row. ``False`` if another request took it over."""
+        params = [
+            "succeeded",
+            status,
+            self._prep("response_headers", headers),
+            self._prep("response_body", body),
+            self._prep("completed_at", now),
+            claim.id,
+            claim.lease_version,
+        ]
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.complete, params)
+            return bool(cursor.rowcount == 1)
+
+    def fail(self, claim: Claim) -> bool:
+        """Mark the claimed row failed, so the next request takes it over. Fenced like complete."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.fail, [claim.id, claim.lease_version])
+            return bool(cursor.rowcount == 1)
+
+    def renew(self, claim: Claim, locked_until: datetime) -> bool:
+        """Extend a running request's lease. ``False`` if the row is no longer its own."""
+        until = self._prep("locked_until", locked_until)
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.renew, [until, claim.id, claim.lease_version])
+            return bool(cursor.rowcount == 1)
+
+    def release_expired(
+        self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
+    ) -> int:
+        """Release up to ``limit`` leases that ran out by ``now`` (of ``ids``, if given).
+
+        What the sweeper and the admin's release action do; each call commits on its own.
+        Return how many were released.
+        """
+        with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+            cursor.execute(*self._expired_leases(now, limit, ids))
+            return int(cursor.rowcount)
+
+    def _expired_leases(
+        self, now: datetime, limit: int, ids: Sequence[int] | None
+    ) -> tuple[str, list[Any]]:
+        only, params = self.sql.not_left_for_a_person, [self._prep("locked_until", now)]
+        if ids is not None:
+            only = self.sql.with_ids.format(ids=placeholders(ids) or "NULL")
+            params += ids
+        return self.sql.release_expired.format(only=only), [*params, limit]
+
+    # The sweeper's reconciling takes each expired lease over by a compare-and-set of its own,
+    # so that no lock is held while a hook is asked; the ORM writes these.
+
+    def expired_leases(
+        self, now: datetime, limit: int, after: tuple[datetime, int] | None
+    ) -> list[Any]:
+        """The next leases that ran out by ``now``, oldest first, not left for a person; read
+        without a lock. ``after``: the last one read, as (``locked_until``, id)."""
+        rows = (
+            self.model._default_manager.using(self.using)
+            .filter(state="in_progress", locked_until__lte=now)
+            .exclude(unsettled_lease_version=F("lease_version"))
+        )
+        if after is not None:
+            moment, pk = after
+            rows = rows.filter(Q(locked_until__gt=moment) | Q(locked_until=moment, pk__gt=pk))
+        return list(rows.order_by("locked_until", "pk")[:limit])
+
+    def take_over_expired(self, row: Any, now: datetime, until: datetime) -> Claim | None:
+        """Raise the expired lease's version and hold it until ``until``, if it is still as
+        read: the dead request is fenced out, and a retry meanwhile waits.
+
+        The row is locked by its primary key alone, then changed by it: a condition on the lease
+        in the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with
+        a retry taking a neighbouring key over.
+        """
+        keys = self.model._default_manager.using(self.using)
+        claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
+        if self.connection.vendor == "sqlite":
+            # One conditional UPDATE: SQLite locks the whole database, and refuses at once
+            # ("database is locked") to turn a transaction that has read into a writer while
+            # another writes.
+            changed = keys.filter(
+                pk=row.pk, lease_version=row.lease_version, state="in_progress",
+                locked_until__lte=now,
+            ).update(lease_version=claim.lease_version, locked_until=until)  # fmt: skip
+            return claim if changed else None
+        with transaction.atomic(using=self.using):
+            found = keys.select_for_update().filter(pk=row.pk)
+            current = found.values_list("lease_version", "state", "locked_until").first()
+            if current is None:
+                return None  # purged meanwhile
+            version, state, locked_until = current
+            if version != row.lease_version or state != "in_progress" or locked_until is None:
+                return None
+            if locked_until > now:
+                return None  # renewed by a live request, or taken over by a retry
+            keys.filter(pk=row.pk).update(lease_version=claim.lease_version, locked_until=until)
+            return claim
+
+    def give_back(self, claim: Claim, locked_until: datetime, *, unsettled: bool) -> bool:
+        """Put a lease taken over by ``take_over_expired()`` back as it was, expired, so that a
+        retry takes the key over at once; ``unsettled``: and leave it for a person."""
+        mine = self.model._default_manager.using(self.using).filter(
+            pk=claim.id, lease_version=claim.lease_version, state="in_progress"
+        )
+        left = {"unsettled_lease_version": claim.lease_version} if unsettled else {}
+        return bool(mine.update(locked_until=locked_until, **left))
+
+
+class MariaDBKeyStore(KeyStore):
+    """The key table on MariaDB, which has neither ``ON CONFLICT`` nor ``UPDATE … RETURNING``.
+
+    A claim inserts the row, or, on a duplicate, locks the row that holds the key (waiting, up to
+    the request's wait timeout, for a concurrent request's uncommitted row). Holding that lock,
+    it reads the row and decides in Python, as PostgreSQL's statement does in SQL: take an
+    expired, failed or lease-lost row over; replay a completed one; or say why neither. No
+    statement after the first waits: the row is already this transaction's.
+    """
+
+    def __init__(self, model: type[Model], using: str) -> None:
+        super().__init__(model, using)
+        if model not in _MARIADB_STATEMENTS:
+            _MARIADB_STATEMENTS[model] = statements.mariadb(model, self.connection)
+        self.more = _MARIADB_STATEMENTS[model]
+
+    def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
+        return self._claim(new, replay=True)
+
+    def claim(self, new: NewKey) -> Claim | None:
+        found = self._claim(new, replay=False)
+        return found if isinstance(found, Claim) else None
+
+    def _claim_params(self, new: NewKey, *, takeover: bool = False) -> list[Any]:
+        # innodb_lock_wait_timeout counts whole seconds; 0 does not wait.
+        return [math.ceil(new.wait_timeout), *self._inserted(new).values()]
+
+    def _claim(self, new: NewKey, *, replay: bool) -> Claim | StoredResponse | Conflict:
+        deadline = time.monotonic() + new.wait_timeout
+        with self.connection.cursor() as cursor:
+            while True:
+                self._insert(cursor, new, deadline)
+                if cursor.lastrowid:  # a new row: LAST_INSERT_ID(0) marks a duplicate
+                    return Claim(cursor.lastrowid, 1, 1, new.expires_at)
+                cursor.execute(self.more.locked_row, [new.scope, new.key])
+                row = cursor.fetchone()
+                if row is not None:
+                    break
+                # Unreachable while the insert's lock holds the row; should a purge have taken it
+                # in between, the key is new again.
+            if _free(row, new):
+                id_, version, attempts, state = row[:4]
+                inserted = self._inserted(new)
+                renewed = [inserted[name] for name in statements.RENEWED]
+                cursor.execute(self.more.take_over, [*renewed, id_])
+                attempts = 1 if state == "succeeded" else attempts + 1
+                return Claim(id_, version + 1, attempts, new.expires_at)
+        if not replay:
+            return Conflict(fingerprint_matches=row[4] == new.fingerprint)
+        return self._replay_or_refuse(row, new)
+
+    def _insert(self, cursor: Any, new: NewKey, deadline: float) -> None:
+        """Insert the key's row, or lock the row that holds it; ``KeyBusy`` if the wait ran out.
+
+        A deadlock is what InnoDB makes of several requests waiting on a row whose insert rolled
+        back (the first request failed): it rolls back all but one of them. The engine claims
+        first thing in a transaction of its own, so then nothing is lost and the claim is tried
+        again; inside an enclosing transaction (ATOMIC_REQUESTS) the request answers "in
+        progress", and its client retries.
+        """
+        while True:
+            try:
+                cursor.execute(self.sql.claim, self._claim_params(new))
+            except OperationalError as exc:
+                error = mariadb_error(exc)
+                alone = len(self.connection.atomic_blocks) == 1
+                if error == DEADLOCK and alone and time.monotonic() < deadline:
+                    continue
+                if error in (DEADLOCK, LOCK_WAIT_TIMEOUT):
+                    raise KeyBusy from exc
+                raise
+            return
+
+    def release_expired(
+        self, now: datetime, *, limit: int, ids: Sequence[int] | None = None
+    ) -> int:
+        # MariaDB refuses a LIMIT in an IN subquery: the rows are picked, then released.
+        def release() -> int:
+            with transaction.atomic(using=self.using), self.connection.cursor() as cursor:
+                cursor.execute(*self._expired_leases(now, limit, ids))
+                return self._apply(cursor, self.more.release_picked)
+
+        return again_after_deadlocks(release, self.connection)
+
+    @staticmethod
+    def _apply(cursor: Any, template: str) -> int:
+        """Run ``template`` on the ids the cursor's pick locked; return how many there were."""
+        picked = [row[0] for row in cursor.fetchall()]
+        if picked:
+            cursor.execute(template.format(ids=placeholders(picked)), picked)
+        return len(picked)
+
+
+# This process's replays, written to their rows about a second after they were counted.
+replay_counts = DeferredCounts(
+    lambda model, using, counts: key_store(model, using).write_replay_counts(counts)
+)

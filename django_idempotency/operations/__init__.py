@@ -1,0 +1,1 @@
+"""Running the package in production: system checks, metrics, tracing and correlation ids."""
