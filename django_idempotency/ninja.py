@@ -203,6 +203,7 @@ class _Adapter:
                     lambda call: handle(request, operation, call, values), body
                 )
 
+            async_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
             return async_function
 
         @wraps(function)
@@ -210,6 +211,7 @@ class _Adapter:
             operation = getattr(request, _OPERATION)
             return handle(request, operation, partial(function, request, **values), values)
 
+        sync_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
         return sync_function
 
 

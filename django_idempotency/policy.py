@@ -73,7 +73,6 @@ class Policy:
     mode: Mode
     lease_timeout: timedelta
     cache: str | None
-    reconcile: Callable[..., Any] | None = None
     # Lease mode: called as recover(request, key=..., attempt=...) before a key whose earlier
     # request did not finish runs again; a response means "the effect already happened".
     recover: Recover | None = None
@@ -86,6 +85,8 @@ class Policy:
         check_option_names(options)
         values: dict[str, Any] = {}
         for name, setting in SETTING_OF.items():
+            if name == "reconcile":
+                continue  # the sweeper's, which finds it on the view (see core.sweeper)
             value = options.get(name)
             if value is None:
                 values[name] = idempotency_settings.get(setting)

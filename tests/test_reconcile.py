@@ -14,15 +14,10 @@ from django.test import override_settings
 from django.urls import path
 from django.utils import timezone
 
+from django_idempotency.core.sweeper import NEEDS_ATTENTION, hooks_by_route
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.reconcile import (
-    NEEDS_ATTENTION,
-    NothingHappened,
-    Reconciled,
-    Unknown,
-    hooks_by_route,
-)
+from django_idempotency.reconcile import NothingHappened, Reconciled, Unknown
 from tests.conftest import ApiClient
 from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import Payment
@@ -167,7 +162,7 @@ class TestSweepWithAHook:
     def test_a_view_names_its_own_hook_found_through_the_url_pattern(self):
         with override_settings(ROOT_URLCONF="tests.test_reconcile"):
             assert hooks_by_route() == {
-                "reconciled/": answer_created, "plain/<int:account>/": nothing
+                ("reconciled/", None): answer_created, ("plain/<int:account>/", None): nothing
             }  # fmt: skip
             stuck("done", route="reconciled/"), stuck("other", route="lease/")
             assert IdempotencyKey.objects.sweep_expired_leases() == 2
@@ -337,16 +332,23 @@ def test_the_admin_can_release_a_key_left_for_a_person(admin_client):
 
 
 @pytest.mark.django_db
-def test_a_view_option_is_validated_like_the_setting(rf):
-    from django.core.exceptions import ImproperlyConfigured  # noqa: PLC0415
+def test_a_view_s_hook_is_checked_at_startup_like_the_setting():
+    # The request path never reads it: a hook that names nothing fails the checks, not a sweep.
+    from django_idempotency.operations.checks import check_views  # noqa: PLC0415
 
-    from django_idempotency.policy import Policy  # noqa: PLC0415
+    @idempotent(mode="lease", reconcile="no.such.hook")
+    def charge(request):
+        return JsonResponse({}, status=201)
 
-    assert Policy.from_settings(reconcile=nothing).reconcile is nothing
-    with override_settings(IDEMPOTENCY={"RECONCILE": "tests.test_reconcile.unknown"}):
-        assert Policy.from_settings().reconcile is unknown
-    with pytest.raises(ImproperlyConfigured, match="reconcile"):
-        Policy.from_settings(reconcile="no.such.hook")
+    class URLConf:
+        urlpatterns = [path("charge/", charge)]
+
+    with override_settings(ROOT_URLCONF=URLConf):
+        messages = check_views()
+    assert [(message.id, message.obj) for message in messages] == [
+        ("django_idempotency.E033", charge)
+    ]
+    assert "reconcile option" in messages[0].msg
 
 
 @pytest.mark.django_db(transaction=True)
@@ -397,3 +399,55 @@ def test_sweepers_and_retries_at_once_settle_each_key_with_one_answer(alice):
         assert final.content == retry.content  # one answer per key, whoever stored it
     assert all(charge.calls == 1 for charge in Charge.objects.all())  # no second charge
     assert not IdempotencyKey.objects.filter(state="in_progress").exists()
+
+
+def ninja_charged(expired):
+    ASKED.append((expired.key, expired.route, expired.attempts))
+    return Reconciled(201, {"Content-Type": "application/json"}, json.dumps({"ninja": True}))
+
+
+def _ninja_urlconf():
+    """A Ninja path whose POST has a reconcile hook and whose PATCH, on the same path, has none."""
+    from ninja import NinjaAPI, Router, Status  # noqa: PLC0415 - an optional extra
+
+    from django_idempotency.ninja import idempotent as ninja_idempotent  # noqa: PLC0415
+
+    router = Router()
+
+    @router.post("/charges/", response={201: dict})
+    @ninja_idempotent(mode="lease", reconcile=ninja_charged)
+    def charge(request):
+        return Status(201, {"charged": True})
+
+    @router.patch("/charges/", response={201: dict})
+    @ninja_idempotent(mode="lease")
+    def replace(request):
+        return Status(201, {"replaced": True})
+
+    api = NinjaAPI(urls_namespace="reconcile-ninja")
+    api.add_router("/", router)
+
+    class URLConf:
+        urlpatterns = [path("api/", api.urls)]
+
+    return URLConf
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_ninja_operation_s_own_hook_is_found_by_its_route_and_method(alice):
+    pytest.importorskip("ninja")
+    client = ApiClient(user=alice)
+    with override_settings(ROOT_URLCONF=_ninja_urlconf()):
+        posted = client.send("POST", "/api/charges/", {}, key="charge")
+        patched = client.send("PATCH", "/api/charges/", {}, key="replace")
+        assert (posted.status_code, patched.status_code) == (201, 201)
+        IdempotencyKey.objects.update(
+            state="in_progress", locked_until=timezone.now() - timedelta(seconds=1)
+        )
+        assert IdempotencyKey.objects.sweep_expired_leases() == 2
+        retry = client.send("POST", "/api/charges/", {}, key="charge")
+    assert ASKED == [("charge", "api/charges/", 1)]  # the PATCH has no hook: released
+    states = dict(IdempotencyKey.objects.values_list("key", "state"))
+    assert states == {"charge": "succeeded", "replace": "failed"}
+    assert (retry.status_code, json.loads(retry.content)) == (201, {"ninja": True})
+    assert retry["Idempotency-Status"] == "replayed"

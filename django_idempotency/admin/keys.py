@@ -27,8 +27,8 @@ from django.views.decorators.http import require_POST
 from django_idempotency.admin._base import _ModelAdmin, _moment, _ReadOnlyAdmin, _short_id
 from django_idempotency.conf import TASK_METHOD, UNSAFE_METHODS
 from django_idempotency.core.store import key_store
+from django_idempotency.core.sweeper import NEEDS_ATTENTION
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.reconcile import NEEDS_ATTENTION
 
 if TYPE_CHECKING:
     from django.contrib.admin.views.main import ChangeList

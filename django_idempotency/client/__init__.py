@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from django.core.exceptions import ImproperlyConfigured
 
-from django_idempotency.client._breaker import CircuitBreaker, CircuitBreakers, CircuitOpen
+from django_idempotency.client import _breaker
+from django_idempotency.client._breaker import (
+    STATES,
+    CircuitBreaker,
+    CircuitBreakers,
+    CircuitOpen,
+)
 from django_idempotency.client._budgets import RetryBudget, RetryBudgets
 
 # The names marked F401 are public too, though __all__ has never listed them.
@@ -35,6 +41,10 @@ from django_idempotency.client._policy import (
     RetryPolicy,
 )
 from django_idempotency.core import optional
+
+# What the metrics read of every host's circuit: its possible states, and the circuits in use.
+CIRCUIT_STATES: Final = STATES
+all_breakers = _breaker.all_breakers
 
 # Tenacity runs every retry loop: without it the package has nothing to offer, whichever HTTP
 # library is installed.

@@ -13,12 +13,14 @@ from typing import TYPE_CHECKING, TypeVar
 from django.db import models, router
 from django.utils import timezone
 
-from django_idempotency import reconcile
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.core import sweeper
 from django_idempotency.core.purging import Done, PurgeResult, delete_in_batches
 
 if TYPE_CHECKING:
     from datetime import datetime
+
+    from django_idempotency.reconcile import SweepResult
 
 logger = logging.getLogger("django_idempotency")
 
@@ -63,10 +65,10 @@ class IdempotencyKeyManager(models.Manager[M]):
 
     def settle_expired_leases(
         self, *, now: datetime | None = None, batch_size: int = 1_000
-    ) -> reconcile.SweepResult:
+    ) -> SweepResult:
         """``sweep_expired_leases()``, telling what became of each key it found."""
         now = now or timezone.now()
-        result = reconcile.sweep(self.model, router.db_for_write(self.model), now, batch_size)
+        result = sweeper.sweep(self.model, router.db_for_write(self.model), now, batch_size)
         logger.info(
             "swept %d expired idempotency leases (%d released, %d reconciled, %d unknown, "
             "%d hook errors)",

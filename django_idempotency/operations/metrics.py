@@ -43,8 +43,8 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.core import optional, outcomes
+from django_idempotency.core.sweeper import NEEDS_ATTENTION
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
-from django_idempotency.reconcile import NEEDS_ATTENTION
 
 with optional.requires("metrics", __name__):
     from prometheus_client import REGISTRY, Counter, Histogram
@@ -54,7 +54,7 @@ with optional.requires("metrics", __name__):
 # The client's extra may be missing: then there are no circuits to report.
 _CLIENT = optional.installed(optional.EXTRAS["client"].module)
 if _CLIENT:
-    from django_idempotency.client._breaker import STATES, all_breakers
+    from django_idempotency.client import CIRCUIT_STATES, all_breakers
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -218,7 +218,7 @@ class CircuitCollector(Collector):
             opens[breaker.host] += breaker.opened
             rejects[breaker.host] += breaker.rejected
         for host in sorted(hosts):
-            for state in STATES:
+            for state in CIRCUIT_STATES:
                 states.add_metric([host, state], in_state[host, state])
             opened.add_metric([host], opens[host])
             rejected.add_metric([host], rejects[host])
