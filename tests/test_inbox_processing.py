@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_idempotency import signals, tasks
 from django_idempotency.inbox import (
     ANY_TYPE,
-    Outcome,
+    ProcessResult,
     dispatch_due,
     inbox_handler,
     mark_dead,
@@ -90,7 +90,7 @@ def test_the_first_attempt_that_raises_sends_failed_and_keeps_the_error():
     with _collect(signals.inbox_event_failed) as sent:
         receipt = receive("tests", "evt_1", "refund.succeeded", refund_event(fail_times=1))
 
-    assert receipt.outcome is Outcome.FAILED
+    assert receipt.outcome is ProcessResult.FAILED
     assert [type(kwargs["error"]) for kwargs in sent] == [RuntimeError]
     assert sent[0]["event"].last_error == "RuntimeError: the ledger is unavailable (attempt 1)"
 
@@ -110,7 +110,7 @@ def test_an_event_that_always_fails_is_dead_after_n_attempts_and_can_be_reproces
     assert event.payload == payload
     assert event.last_error == "RuntimeError: the ledger is unavailable (attempt 3)"
     assert [kwargs["event"].pk for kwargs in dead] == [receipt.event.pk]
-    assert process(event.pk) is Outcome.SKIPPED
+    assert process(event.pk) is ProcessResult.SKIPPED
     assert not Refund.objects.exists()
 
     # The fix: the data the handler needs is there now.
@@ -163,7 +163,7 @@ def test_processing_waits_for_the_callers_commit():
         assert receipt.outcome is None
         assert not Refund.objects.exists()
 
-    assert receipt.outcome is Outcome.PROCESSED
+    assert receipt.outcome is ProcessResult.PROCESSED
     assert Refund.objects.count() == 1
 
 
@@ -208,7 +208,7 @@ def test_an_event_that_kills_its_worker_every_time_ends_dead():
     ).pk
 
     with _collect(signals.inbox_event_dead) as dead:
-        assert process(pk) is Outcome.DEAD
+        assert process(pk) is ProcessResult.DEAD
 
     event = InboxEvent.objects.get()
     assert event.status == "dead"
@@ -221,8 +221,8 @@ def test_an_attempt_taken_over_between_its_two_transactions_leaves_the_event_alo
     first = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
     second = inbox_processing._claim(pk, "default", timezone.now(), lambda: 0.0)
 
-    assert inbox_processing._attempt(first, "default") is Outcome.SKIPPED
-    assert inbox_processing._attempt(second, "default") is Outcome.PROCESSED
+    assert inbox_processing._attempt(first, "default") is ProcessResult.SKIPPED
+    assert inbox_processing._attempt(second, "default") is ProcessResult.PROCESSED
     assert InboxEvent.objects.get().attempts == 2
 
 
@@ -316,7 +316,7 @@ def test_a_duplicate_delivery_being_recorded_does_not_make_processing_step_aside
 
     threading.Thread(target=duplicate).start()
     assert locked.wait(5)
-    assert process(pk) is Outcome.PROCESSED
+    assert process(pk) is ProcessResult.PROCESSED
     assert done.wait(5)
     assert Refund.objects.count() == 1
 
@@ -327,7 +327,7 @@ def test_the_processing_task_delivered_twice_at_once_has_its_effect_once(lost_tr
 
     outcomes = in_threads(2, lambda _: process(pk))
 
-    assert sorted(outcomes) == [Outcome.PROCESSED, Outcome.SKIPPED]
+    assert sorted(outcomes) == [ProcessResult.PROCESSED, ProcessResult.SKIPPED]
     assert Refund.objects.count() == 1
     # 2 when the second claimed the event between the first's claim and its handler's lock:
     # then the first stepped aside.
@@ -418,7 +418,7 @@ def test_with_celery_the_event_is_enqueued_after_commit_and_never_after_a_rollba
 def test_an_event_of_a_source_without_any_handler_fails_rather_than_being_lost():
     receipt = receive("unknown-source", "evt_1", "anything", {"id": "evt_1"})
 
-    assert receipt.outcome is Outcome.FAILED
+    assert receipt.outcome is ProcessResult.FAILED
     event = InboxEvent.objects.get()
     assert event.status == "failed"
     assert event.last_error.startswith(
@@ -448,7 +448,7 @@ def test_a_failed_event_past_a_lowered_limit_ends_dead_keeping_its_error():
     pk = receive("tests", "evt_1", "refund.succeeded", refund_event(fail="always")).event.pk
     InboxEvent.objects.filter(pk=pk).update(attempts=3)
 
-    assert process(pk) is Outcome.DEAD
+    assert process(pk) is ProcessResult.DEAD
     event = InboxEvent.objects.get()
     assert event.last_error == "RuntimeError: the ledger is unavailable (attempt 1)"
 

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency.client")
 
 State = Literal["closed", "open", "half_open"]
-Outcome = Literal["success", "failure", "neither"]
+CallResult = Literal["success", "failure", "neither"]
 
 #: The states a circuit can be in, in the order metrics list them.
 STATES: Final[tuple[State, ...]] = ("closed", "open", "half_open")
@@ -111,7 +111,7 @@ class CircuitBreaker:
             return Admission(allowed=True, trial=True)
         return Admission(allowed=False, retry_in=max(0.0, retry_in))
 
-    def record(self, admission: Admission, outcome: Outcome) -> None:
+    def record(self, admission: Admission, outcome: CallResult) -> None:
         """Count the outcome of a request that ``admit()`` let through."""
         with self._lock:
             now = self.clock()

@@ -31,7 +31,7 @@ from django_idempotency.core.outcomes import report_retry
 if TYPE_CHECKING:
     from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, MutableMapping
 
-    from django_idempotency.client._breaker import Admission, CircuitBreaker, Outcome
+    from django_idempotency.client._breaker import Admission, CallResult, CircuitBreaker
     from django_idempotency.client._budgets import RetryBudget
     from django_idempotency.client._policy import RetryPolicy
 
@@ -233,7 +233,7 @@ class Operation(Generic[R]):
         """Count the attempt's outcome in the host's circuit."""
         if self.breaker is None or admission is None:
             return
-        outcome: Outcome
+        outcome: CallResult
         if error is not None:
             # An error that is not transient (a TLS failure, a cancelled task) says nothing of
             # the host's health.

@@ -7,7 +7,7 @@ by the batched purge that every table shares (``purging.py``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django_idempotency.core.databases import Names
 
@@ -27,10 +27,26 @@ RENEWED = tuple(
 )
 # What a taken-over row forgets of its previous request.
 RESET = ("response_status", "response_headers", "response_body", "completed_at", "last_replayed_at")
-# What a replay returns, in this order.
-RESPONSE = ("response_status", "response_headers", "response_body", "replay_count", "expires_at")
-# What is read of the row that holds a key a request could not insert, in this order.
-HOLDER = ("id", "lease_version", "attempts", "state", "fingerprint", "locked_until", *RESPONSE)
+
+
+class Holder(NamedTuple):
+    """What is read of the row that holds a key a request could not insert, by column."""
+
+    id: int
+    lease_version: int
+    attempts: int
+    state: str
+    fingerprint: str
+    locked_until: Any  # a datetime, or SQLite's text; None unless leased
+    # What a replay answers with.
+    response_status: int | None
+    response_headers: Any  # JSON, or the text of it
+    response_body: Any
+    replay_count: int
+    expires_at: Any
+
+
+HOLDER = Holder._fields
 
 
 class Statements(NamedTuple):

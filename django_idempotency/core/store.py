@@ -36,6 +36,7 @@ from django_idempotency.core.databases import (
     mariadb_error,
     placeholders,
 )
+from django_idempotency.core.statements import Holder
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -97,31 +98,36 @@ def _aware(value: datetime | str) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _stored(row: tuple[Any, ...]) -> StoredResponse:
-    status, headers, body, replay_count, expires_at = row
+def _stored(row: Holder) -> StoredResponse:
+    headers = row.response_headers
     if isinstance(headers, str):  # Django loads JSON columns as text
         headers = json.loads(headers)
     return StoredResponse(
-        status=status,
+        status=cast("int", row.response_status),
         headers=[(name, value) for name, value in headers or []],
-        body=bytes(body or b""),
-        replay_count=replay_count,
-        expires_at=_aware(expires_at),
+        body=bytes(row.response_body or b""),
+        replay_count=row.replay_count,
+        expires_at=_aware(row.expires_at),
     )
 
 
-def _free(row: tuple[Any, ...], new: NewKey) -> bool:
-    """Whether ``new`` may take over the key row read by ``holder``: it expired or failed, or
-    its request's lease ran out and ``new`` is a retry of that request. That request may have
-    had its effect: a request with another payload is refused, as when the row was live."""
-    state, fingerprint, locked_until, expires_at = row[3], row[4], row[5], row[-1]
+def _claimed(returned: tuple[Any, ...], new: NewKey) -> Claim:
+    # What a claiming statement returns; PostgreSQL's adds the lock_timeout it put back.
+    id_, lease_version, attempts = returned[:3]
+    return Claim(id_, lease_version, attempts, new.expires_at)
+
+
+def _free(row: Holder, new: NewKey) -> bool:
+    """Whether ``new`` may take over the key's ``row``: it expired or failed, or its request's
+    lease ran out and ``new`` is a retry of that request. That request may have had its effect:
+    a request with another payload is refused, as when the row was live."""
     return (
-        _aware(expires_at) <= new.now
-        or state == "failed"
+        _aware(row.expires_at) <= new.now
+        or row.state == "failed"
         or (
-            locked_until is not None
-            and _aware(locked_until) <= new.now
-            and fingerprint == new.fingerprint
+            row.locked_until is not None
+            and _aware(row.locked_until) <= new.now
+            and row.fingerprint == new.fingerprint
         )
     )
 
@@ -165,7 +171,7 @@ class KeyStore:
         """
         row = self._fetch(self.sql.insert, self._claim_params(new, takeover=False))
         if row is not None:
-            return Claim(row[0], row[1], row[2], new.expires_at)
+            return _claimed(row, new)
         # A row holds the key: committed before this statement, or while it waited.
         found = self._holder(new, take_over=True)
         assert found is not None  # noqa: S101 - a takeover that loses finds the winner's row
@@ -178,9 +184,7 @@ class KeyStore:
         ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
         row = self._fetch(self.sql.claim, self._claim_params(new, takeover=True))
-        if row is None:
-            return None
-        return Claim(row[0], row[1], row[2], new.expires_at)
+        return None if row is None else _claimed(row, new)
 
     def replay(self, new: NewKey) -> StoredResponse | Conflict:
         """The completed response that holds the key, or why it cannot be replayed."""
@@ -198,7 +202,8 @@ class KeyStore:
         for _ in range(3):  # a row taken over or purged meanwhile: look again
             with self.connection.cursor() as cursor:
                 cursor.execute(self.sql.holder, [new.scope, new.key])
-                row = cursor.fetchone()
+                fetched = cursor.fetchone()
+            row = None if fetched is None else Holder(*fetched)
             if row is None or _free(row, new):
                 if not take_over:
                     return None
@@ -208,15 +213,14 @@ class KeyStore:
             return self._replay_or_refuse(row, new)
         raise KeyBusy  # the row changed hands three times while this request looked
 
-    def _replay_or_refuse(self, row: tuple[Any, ...], new: NewKey) -> StoredResponse | Conflict:
-        id_, version, _attempts, state, fingerprint, _locked_until, *response = row
-        if fingerprint != new.fingerprint:
+    def _replay_or_refuse(self, row: Holder, new: NewKey) -> StoredResponse | Conflict:
+        if row.fingerprint != new.fingerprint:
             return Conflict(fingerprint_matches=False)
-        if state != "succeeded":
+        if row.state != "succeeded":
             return Conflict(fingerprint_matches=True)  # still running
-        stored = _stored(tuple(response))
+        stored = _stored(row)
         # Counted as written, with this process's replays that are not yet.
-        unwritten = replay_counts.add(self.model, self.using, id_, version, new.now)
+        unwritten = replay_counts.add(self.model, self.using, row.id, row.lease_version, new.now)
         return replace(stored, replay_count=stored.replay_count + unwritten)
 
     def _claim_params(self, new: NewKey, *, takeover: bool) -> list[Any]:
@@ -415,20 +419,20 @@ class MariaDBKeyStore(KeyStore):
                 if cursor.lastrowid:  # a new row: LAST_INSERT_ID(0) marks a duplicate
                     return Claim(cursor.lastrowid, 1, 1, new.expires_at)
                 cursor.execute(self.more.locked_row, [new.scope, new.key])
-                row = cursor.fetchone()
-                if row is not None:
+                fetched = cursor.fetchone()
+                if fetched is not None:
+                    row = Holder(*fetched)
                     break
                 # Unreachable while the insert's lock holds the row; should a purge have taken it
                 # in between, the key is new again.
             if _free(row, new):
-                id_, version, attempts, state = row[:4]
                 inserted = self._inserted(new)
                 renewed = [inserted[name] for name in statements.RENEWED]
-                cursor.execute(self.more.take_over, [*renewed, id_])
-                attempts = 1 if state == "succeeded" else attempts + 1
-                return Claim(id_, version + 1, attempts, new.expires_at)
+                cursor.execute(self.more.take_over, [*renewed, row.id])
+                attempts = 1 if row.state == "succeeded" else row.attempts + 1
+                return Claim(row.id, row.lease_version + 1, attempts, new.expires_at)
         if not replay:
-            return Conflict(fingerprint_matches=row[4] == new.fingerprint)
+            return Conflict(fingerprint_matches=row.fingerprint == new.fingerprint)
         return self._replay_or_refuse(row, new)
 
     def _insert(self, cursor: Any, new: NewKey, deadline: float) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler, register_handler
 from django_idempotency.inbox.processing import (
-    Outcome,
+    ProcessResult,
     dispatch_due,
     mark_dead,
     process,
@@ -31,8 +31,8 @@ __all__ = [
     "ANY_TYPE",
     "GitHubSignature",
     "HMACVerifier",
-    "Outcome",
     "PermanentError",
+    "ProcessResult",
     "Receipt",
     "SignatureError",
     "StandardWebhooksSignature",

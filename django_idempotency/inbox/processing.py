@@ -64,7 +64,7 @@ DISPATCH_GRACE = timedelta(minutes=1)
 CHANNEL = "django_idempotency_inbox"
 
 
-class Outcome(StrEnum):
+class ProcessResult(StrEnum):
     """What one call to :func:`process` did."""
 
     PROCESSED = "processed"
@@ -73,7 +73,7 @@ class Outcome(StrEnum):
     SKIPPED = "skipped"  # already processed or dead, or another attempt has it
 
 
-def dispatch(pk: int) -> Outcome | None:
+def dispatch(pk: int) -> ProcessResult | None:
     """Process event ``pk`` now, or hand it to a Celery worker; ``None`` when handed over.
 
     ``INBOX_RUNNER`` decides: "celery" hands it over, "inline" and "database" process it here.
@@ -156,14 +156,14 @@ def wake_workers(using: str) -> None:
 
 def process(
     pk: int, *, now: datetime | None = None, random: Callable[[], float] = random.random
-) -> Outcome:
+) -> ProcessResult:
     """Attempt to process event ``pk``: claim it, run its handler, record the outcome.
 
     ``random`` draws the retry delay's jitter; tests pass their own.
     """
     using = router.db_for_write(InboxEvent)
     claimed = _claim(pk, using, now or timezone.now(), random)
-    if isinstance(claimed, Outcome):
+    if isinstance(claimed, ProcessResult):
         return claimed
     return _attempt(claimed, using)
 
@@ -176,7 +176,9 @@ def _policy() -> RetrySchedule:
     )
 
 
-def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> InboxEvent | Outcome:
+def _claim(
+    pk: int, using: str, now: datetime, random: Callable[[], float]
+) -> InboxEvent | ProcessResult:
     """Claim event ``pk`` for one attempt and count it; or return why it is not attempted.
 
     One event by its id, due or not, where the outbox claims due batches: a trigger names it.
@@ -194,7 +196,7 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
             # a duplicate delivery holds it for a moment.
             event = events.select_for_update().filter(pk=pk, status=Status.RECEIVED).first()
         if event is None:
-            return Outcome.SKIPPED
+            return ProcessResult.SKIPPED
         if policy.spent(event.attempts):
             # An unlocked processing event is an attempt whose worker died.
             if event.status == Status.PROCESSING:
@@ -202,8 +204,8 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
                 event.last_traceback = ""
             from_state, event.status, event.next_attempt_at = event.status, Status.DEAD, None
             event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
-            _report(event, Outcome.DEAD, None, using, from_state=from_state)
-            return Outcome.DEAD
+            _report(event, ProcessResult.DEAD, None, using, from_state=from_state)
+            return ProcessResult.DEAD
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "attempt %d of inbox event %s starts",
@@ -222,13 +224,13 @@ def _claim(pk: int, using: str, now: datetime, random: Callable[[], float]) -> I
     return event
 
 
-def _attempt(event: InboxEvent, using: str) -> Outcome:
+def _attempt(event: InboxEvent, using: str) -> ProcessResult:
     # The handler's log records, and ours, carry the id the event was delivered with.
     with correlation.bind(correlation.from_headers(event.headers)):
         return _attempt_bound(event, using)
 
 
-def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
+def _attempt_bound(event: InboxEvent, using: str) -> ProcessResult:
     handler = get_handler(event.source, event.event_type)
     started = time.monotonic()
     error: Exception | None = None
@@ -243,7 +245,7 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
         )
         if not mine.exists():
             # Between our two transactions another worker took the event over.
-            return Outcome.SKIPPED
+            return ProcessResult.SKIPPED
         try:
             with transaction.atomic(using=using):
                 if handler is not None:
@@ -254,14 +256,18 @@ def _attempt_bound(event: InboxEvent, using: str) -> Outcome:
                     raise ImproperlyConfigured(_no_handlers(event.source))
         except Exception as exc:  # the handler's errors are data: recorded, then retried
             error = exc
-            outcome = Outcome.DEAD if _policy().gives_up(event.attempts, exc) else Outcome.FAILED
+            outcome = (
+                ProcessResult.DEAD
+                if _policy().gives_up(event.attempts, exc)
+                else ProcessResult.FAILED
+            )
             event.status = Status(outcome.value)
-            if outcome is Outcome.DEAD:
+            if outcome is ProcessResult.DEAD:
                 event.next_attempt_at = None
             event.last_error = error_text(exc)
             event.last_traceback = traceback.format_exc()
         else:
-            outcome = Outcome.PROCESSED
+            outcome = ProcessResult.PROCESSED
             event.status, event.next_attempt_at = Status.PROCESSED, None
             event.processed_at = timezone.now()
         event.save(
@@ -293,15 +299,15 @@ def _no_handlers(source: str) -> str:
 
 
 _SIGNALS = {
-    Outcome.PROCESSED: signals.inbox_event_processed,
-    Outcome.FAILED: signals.inbox_event_failed,
-    Outcome.DEAD: signals.inbox_event_dead,
+    ProcessResult.PROCESSED: signals.inbox_event_processed,
+    ProcessResult.FAILED: signals.inbox_event_failed,
+    ProcessResult.DEAD: signals.inbox_event_dead,
 }
 
 
 def _report(
     event: InboxEvent,
-    outcome: Outcome,
+    outcome: ProcessResult,
     error: Exception | None,
     using: str,
     duration: float | None = None,
@@ -316,12 +322,12 @@ def _report(
             "idempotency_duration": duration,
             **state_change(from_state, event.status),
         }
-        if outcome is Outcome.FAILED and event.next_attempt_at is not None:
+        if outcome is ProcessResult.FAILED and event.next_attempt_at is not None:
             delay = (event.next_attempt_at - timezone.now()).total_seconds()
             report_retry("inbox", delay, event.attempts, source=event.source)
-        if outcome is Outcome.PROCESSED:
+        if outcome is ProcessResult.PROCESSED:
             logger.info("processed inbox event %s", event.event_id, extra=fields)
-        elif outcome is Outcome.FAILED:
+        elif outcome is ProcessResult.FAILED:
             logger.warning(
                 "inbox event %s failed attempt %d; retry at %s",
                 event.event_id,
@@ -337,7 +343,7 @@ def _report(
                 extra=fields,
             )
         kwargs: dict[str, Any] = {"event": event}
-        if outcome is not Outcome.PROCESSED:
+        if outcome is not ProcessResult.PROCESSED:
             kwargs["error"] = error
         signals.send_robustly(_SIGNALS[outcome], InboxEvent, **kwargs)
 

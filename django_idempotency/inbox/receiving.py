@@ -28,7 +28,7 @@ from django_idempotency.core.databases import Names
 from django_idempotency.inbox.processing import (
     CHANNEL,
     DISPATCH_GRACE,
-    Outcome,
+    ProcessResult,
     dispatch,
     log_fields,
 )
@@ -50,7 +50,7 @@ class Receipt:
     created: bool  # False: a duplicate, recorded before
     conflict: bool = False  # a duplicate whose payload differs from the recorded one
     # Set when the event was processed in this thread as the recording committed.
-    outcome: Outcome | None = None
+    outcome: ProcessResult | None = None
 
 
 def payload_hash(payload: Any) -> str:
@@ -114,7 +114,7 @@ def receive(
         except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
             # The event is recorded: the periodic run will process it.
             logger.exception("could not process inbox event %s", event.event_id)
-            receipt.outcome = Outcome.FAILED
+            receipt.outcome = ProcessResult.FAILED
 
     transaction.on_commit(after_commit, using=using)
     return receipt

@@ -22,7 +22,7 @@ from django_idempotency.core.bodies import (
     load_json,
     max_json_depth,
 )
-from django_idempotency.inbox.processing import Outcome
+from django_idempotency.inbox.processing import ProcessResult
 from django_idempotency.inbox.receiving import receive
 from django_idempotency.inbox.verifiers import SignatureError, Verifier
 
@@ -158,7 +158,7 @@ class WebhookReceiverView(View):
         # Recorded, then the attempt in this request failed (the handler raised, or the
         # database went away): from here the retries are the inbox's. A 5xx would only bring
         # a duplicate delivery, and senders disable an endpoint that keeps answering 5xx.
-        failed = receipt.outcome in (Outcome.FAILED, Outcome.DEAD)
+        failed = receipt.outcome in (ProcessResult.FAILED, ProcessResult.DEAD)
         return JsonResponse({"status": status}, status=202 if failed else 200)
 
     def _read(self, request: HttpRequest) -> tuple[Any, str | None, str]:
