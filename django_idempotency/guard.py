@@ -18,12 +18,12 @@ import contextlib
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django_idempotency.core.middleware import SyncAndAsyncMiddleware
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterator, Mapping
+    from collections.abc import Awaitable, Iterator, Mapping
 
     from django.http import HttpRequest, HttpResponseBase
 
@@ -106,22 +106,13 @@ def inbound(guard: Inbound) -> Iterator[Inbound]:
         _inbound.reset(token)
 
 
-class RetryGuardMiddleware:
+class RetryGuardMiddleware(SyncAndAsyncMiddleware):
     """Make a request's ``Do-Not-Retry`` and ``Request-Timeout-Ms`` bind the calls made for it.
 
     Put it first in ``MIDDLEWARE``, so the deadline counts from the moment the request arrives.
     Views read what is left with ``django_idempotency.guard.remaining()``; the retry client
     applies both headers by itself.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> HttpResponseBase | Awaitable[HttpResponseBase]:
         if self.is_async:

@@ -16,7 +16,7 @@ from django.test import RequestFactory
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.inbox import verifiers
+from django_idempotency import inbox
 from django_idempotency.inbox.verifiers import Verifier
 from django_idempotency.signing import (
     GitHubSignature,
@@ -468,9 +468,9 @@ def test_the_verifiers_are_verifiers_and_the_base_is_abstract():
     assert not isinstance(object(), Verifier)
     with pytest.raises(TypeError):
         HMACVerifier("s3cret")  # type: ignore[abstract]
-    # The receiver's module exports the very same schemes.
+    # The inbox exports the very same schemes.
     for name in ("HMACVerifier", "SignatureError", *(scheme.__name__ for scheme in SCHEMES)):
-        assert getattr(verifiers, name) is globals()[name]
+        assert getattr(inbox, name) is globals()[name]
 
 
 # What a plain script that sends test webhooks does: no Django settings anywhere.

@@ -17,15 +17,15 @@ from django_idempotency.inbox.processing import (
     retry_now,
 )
 from django_idempotency.inbox.receiving import Receipt, receive
-from django_idempotency.inbox.verifiers import (
+from django_idempotency.inbox.verifiers import Verifier
+from django_idempotency.inbox.views import WebhookReceiverView
+from django_idempotency.signing import (
     GitHubSignature,
     HMACVerifier,
     SignatureError,
     StandardWebhooksSignature,
     StripeSignature,
-    Verifier,
 )
-from django_idempotency.inbox.views import WebhookReceiverView
 
 __all__ = [
     "ANY_TYPE",

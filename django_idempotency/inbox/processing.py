@@ -168,14 +168,6 @@ def process(
     return _attempt(claimed, using)
 
 
-def _policy() -> RetrySchedule:
-    return RetrySchedule(
-        idempotency_settings.INBOX_MAX_ATTEMPTS,
-        idempotency_settings.INBOX_RETRY_DELAY,
-        idempotency_settings.INBOX_RETRY_MAX_DELAY,
-    )
-
-
 def _claim(
     pk: int, using: str, now: datetime, random: Callable[[], float]
 ) -> InboxEvent | ProcessResult:
@@ -183,7 +175,7 @@ def _claim(
 
     One event by its id, due or not, where the outbox claims due batches: a trigger names it.
     """
-    policy = _policy()
+    policy = RetrySchedule.from_settings("INBOX")
     with write_transaction(InboxEvent, using):
         events = InboxEvent.objects.using(using)
         event = (
@@ -258,7 +250,7 @@ def _attempt_bound(event: InboxEvent, using: str) -> ProcessResult:
             error = exc
             outcome = (
                 ProcessResult.DEAD
-                if _policy().gives_up(event.attempts, exc)
+                if RetrySchedule.from_settings("INBOX").gives_up(event.attempts, exc)
                 else ProcessResult.FAILED
             )
             event.status = Status(outcome.value)

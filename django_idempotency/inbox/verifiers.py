@@ -1,32 +1,15 @@
 """What a webhook receiver verifies deliveries with: any :class:`Verifier`.
 
-The HMAC schemes it ships live in :mod:`django_idempotency.signing`, which the outbox signs with
-too; they are exported here as well.
+The HMAC schemes the package ships live in :mod:`django_idempotency.signing`, which the outbox
+signs with too; :mod:`django_idempotency.inbox` exports them with this protocol.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from django_idempotency.signing import (
-    GitHubSignature,
-    HMACVerifier,
-    SignatureError,
-    StandardWebhooksSignature,
-    StripeSignature,
-)
-
 if TYPE_CHECKING:
     from collections.abc import Mapping
-
-__all__ = [
-    "GitHubSignature",
-    "HMACVerifier",
-    "SignatureError",
-    "StandardWebhooksSignature",
-    "StripeSignature",
-    "Verifier",
-]
 
 
 @runtime_checkable

@@ -24,10 +24,12 @@ from django_idempotency.core.bodies import (
 )
 from django_idempotency.inbox.processing import ProcessResult
 from django_idempotency.inbox.receiving import receive
-from django_idempotency.inbox.verifiers import SignatureError, Verifier
+from django_idempotency.signing import SignatureError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    from django_idempotency.inbox.verifiers import Verifier
 
 logger = logging.getLogger("django_idempotency.inbox")
 

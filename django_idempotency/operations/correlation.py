@@ -17,10 +17,10 @@ import uuid
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django_idempotency.core.middleware import SyncAndAsyncMiddleware
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Mapping
+    from collections.abc import Iterator, Mapping
 
     from django.http import HttpRequest, HttpResponseBase
 
@@ -115,20 +115,11 @@ class CorrelationIdFilter(logging.Filter):
         return True
 
 
-class CorrelationIdMiddleware:
+class CorrelationIdMiddleware(SyncAndAsyncMiddleware):
     """Bind the request's correlation id while it runs, and send it back in ``X-Correlation-ID``.
 
     Put it first in ``MIDDLEWARE``, so that whatever runs after it logs with the id.
     """
-
-    sync_capable = True
-    async_capable = True
-
-    def __init__(self, get_response: Callable[[HttpRequest], Any]) -> None:
-        self.get_response = get_response
-        self.is_async = iscoroutinefunction(get_response)
-        if self.is_async:
-            markcoroutinefunction(self)
 
     def __call__(self, request: HttpRequest) -> Any:
         if self.is_async:

@@ -227,14 +227,6 @@ def relay(
     return result
 
 
-def _policy() -> RetrySchedule:
-    return RetrySchedule(
-        idempotency_settings.OUTBOX_MAX_ATTEMPTS,
-        idempotency_settings.OUTBOX_RETRY_DELAY,
-        idempotency_settings.OUTBOX_RETRY_MAX_DELAY,
-    )
-
-
 def _claim(
     using: str, now: datetime, limit: int, lease: timedelta
 ) -> tuple[list[OutboxMessage], int]:
@@ -251,7 +243,7 @@ def _claim(
     # A batch, where the inbox claims one event: it is sent with no transaction open, so its
     # lease, not a row lock, keeps it this relay's.
     taken = due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk")
-    policy = _policy()
+    policy = RetrySchedule.from_settings("OUTBOX")
     with write_transaction(OutboxMessage, using):
         claimed = list(taken[:limit])
         # Every attempt was claimed and none recorded an outcome: its relay died each time.
@@ -311,7 +303,7 @@ def _record_failure(
 ) -> Status:
     """Schedule the message's retry, or mark it dead; return its new status."""
     error = error_text(failure)
-    policy = _policy()
+    policy = RetrySchedule.from_settings("OUTBOX")
     if policy.gives_up(message.attempts, failure):
         status, next_attempt_at = Status.DEAD, None
     else:

@@ -13,6 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.queue.backoff import full_jitter
 
@@ -38,6 +39,16 @@ class RetrySchedule:
     max_attempts: int
     delay: timedelta  # the bound of the first wait; it doubles with each failed attempt
     max_delay: timedelta
+
+    @classmethod
+    def from_settings(cls, queue: str) -> RetrySchedule:
+        """``queue``'s schedule ("INBOX" or "OUTBOX"): its ``<queue>_MAX_ATTEMPTS``,
+        ``<queue>_RETRY_DELAY`` and ``<queue>_RETRY_MAX_DELAY`` settings, read now."""
+        return cls(
+            idempotency_settings.get(f"{queue}_MAX_ATTEMPTS"),
+            idempotency_settings.get(f"{queue}_RETRY_DELAY"),
+            idempotency_settings.get(f"{queue}_RETRY_MAX_DELAY"),
+        )
 
     def spent(self, attempts: int) -> bool:
         """Whether a job that has started ``attempts`` attempts may start no more."""
