@@ -25,7 +25,7 @@ from tests.celery_app import app
 from tests.conftest import process_env
 from tests.factories import IdempotencyKeyFactory, InboxEventFactory
 from tests.inbox import deliver, refund_event
-from tests.test_purge import make_many_keys
+from tests.test_purging import make_many_keys
 from tests.testapp.models import Refund
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,5 @@
-"""The package's import graph: no module imports itself back; Celery is imported by two alone.
+"""The package's layout: no module imports itself back, none is too long to read, and each
+optional framework stays in the modules built on it.
 
 grimp reads every import statement, those inside functions too, so a circle that a lazy import
 hides is still a circle here.
@@ -75,3 +76,12 @@ def test_no_module_looks_the_package_s_models_up_by_name():
         and re.search(r"get_(model|app_config)\(\s*['\"]django_idempotency", path.read_text())
     ]
     assert lookups == []
+
+
+def test_no_module_is_over_500_lines():
+    package = Path(django_idempotency.__file__).parent
+    lengths = {
+        str(path.relative_to(package)): len(path.read_text().splitlines())
+        for path in package.rglob("*.py")
+    }
+    assert {name: lines for name, lines in lengths.items() if lines > 500} == {}
