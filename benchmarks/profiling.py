@@ -57,9 +57,9 @@ PARTS = {
         "rest_framework/request.py",
         "_authenticate",
     ),
-    "the idempotency engine, all of it": ("django_idempotency/engine.py", "handle"),
+    "the idempotency engine, all of it": ("django_idempotency/core/engine.py", "handle"),
     "… the view it runs (serializer, payment, ledger entry)": (
-        "django_idempotency/engine.py",
+        "django_idempotency/core/keyed_request.py",
         "__call__",
     ),
     "… building the policy (get_idempotency_policy)": (
@@ -67,25 +67,28 @@ PARTS = {
         "get_idempotency_policy",
     ),
     "… canonical JSON and SHA-256 (request_fingerprint)": (
-        "django_idempotency/fingerprint.py",
+        "django_idempotency/core/fingerprint.py",
         "request_fingerprint",
     ),
-    "… the claim (KeyStore.acquire: its statement)": ("django_idempotency/store.py", "acquire"),
-    "… the completion (capture and UPDATE)": ("django_idempotency/engine.py", "_complete"),
+    "… the claim (KeyStore.acquire: its statement)": (
+        "django_idempotency/core/store.py",
+        "acquire",
+    ),
+    "… the completion (capture and UPDATE)": ("django_idempotency/core/engine.py", "_complete"),
     "… … capturing the response's headers and bytes": (
-        "django_idempotency/responses.py",
+        "django_idempotency/core/responses.py",
         "capture",
     ),
-    "… the replay cache's read (ReplayCache.get)": ("django_idempotency/cache.py", "get"),
+    "… the replay cache's read (ReplayCache.get)": ("django_idempotency/core/cache.py", "get"),
     "… the replay's response (replay_response)": (
-        "django_idempotency/responses.py",
+        "django_idempotency/core/responses.py",
         "replay_response",
     ),
     "… signals and their receivers (metrics, tracing)": (
         "django_idempotency/signals.py",
         "send_robustly",
     ),
-    "… structured logging (only at INFO)": ("django_idempotency/outcomes.py", "_log"),
+    "… structured logging (only at INFO)": ("django_idempotency/core/outcomes.py", "_log"),
     "the naive view's post()": ("benchmarks/naive.py", "post"),
     "every SQL statement (Django's cursor)": ("django/db/backends/utils.py", "_execute"),
     "commits": ("django/db/backends/base/base.py", "commit"),

@@ -110,7 +110,7 @@ class IdempotencyKey(models.Model):
         verbose_name = _("idempotency key")
         verbose_name_plural = _("idempotency keys")
         constraints = [
-            # The only arbiter of races between duplicates: see store.py. The key leads, so the
+            # The only arbiter of races between duplicates: see core/store.py. The key leads, so the
             # admin's search by key uses this index too.
             models.UniqueConstraint(fields=["key", "scope"], name="idempotency_scope_key_uniq"),
         ]

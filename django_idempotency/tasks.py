@@ -1,4 +1,4 @@
-"""Celery tasks: schedule them with Celery beat. They are declared through ``_celery``.
+"""Celery tasks: schedule them with Celery beat. They are declared through ``core.task_sending``.
 
 Every task is safe to run on several workers at once and when beat fires twice.
 """

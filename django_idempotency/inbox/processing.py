@@ -7,7 +7,7 @@ savepoint and records the outcome, so that the handler's writes and the new stat
 together. Counting the attempt before the handler runs means that a handler which kills its
 worker every time still ends dead; the row lock, held for the whole attempt, tells a live
 attempt from a dead one with no timeout to tune. The retry policy, the reading of due rows
-and the locking of a person's actions come from the retry queue (``retry_queue``), which the
+and the locking of a person's actions come from the retry queue (``queue``), which the
 outbox shares.
 
 Celery, when used, is only the trigger: the schedule lives in ``next_attempt_at``, and the

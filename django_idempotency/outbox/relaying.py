@@ -7,7 +7,7 @@ transaction; then it dispatches each message and marks the delivered ones. A rel
 before marking leaves its batch to be sent again when the lease ends, with the same message
 ids. That is at-least-once delivery, which the consumer's dedupe on the message id (the
 inbox's, for example) turns into once. The retry policy, the reading of due rows and the
-locking of a redelivery come from the retry queue (``retry_queue``), which the inbox shares.
+locking of a redelivery come from the retry queue (``queue``), which the inbox shares.
 """
 
 from __future__ import annotations
