@@ -1,4 +1,5 @@
-"""Purging expired keys: the manager method, the command and the Celery task."""
+"""Purging what is done with: expired keys (the manager method, the command and the Celery
+task), and the batched delete that the inbox's and the outbox's purges share."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from django.db import connection, transaction
 from django.db.models.signals import post_delete
 from django.utils import timezone
 
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.core.purging import Done, delete_in_batches
+from django_idempotency.models import IdempotencyKey, InboxEvent
 from django_idempotency.tasks import purge_expired_keys
-from tests.factories import IdempotencyKeyFactory
+from tests.factories import IdempotencyKeyFactory, InboxEventFactory
 
 NOW = timezone.now()
 
@@ -109,6 +111,19 @@ class TestPurgeExpired:
         make_keys(8)
         assert purge_expired_keys.apply(kwargs={"batch_size": 3}).get() == 4
         assert purge_expired_keys.name == "django_idempotency.purge_expired_keys"
+
+
+@pytest.mark.django_db
+def test_the_walk_spans_only_the_rows_done_with():
+    # A dead event waits for a person, however old: a walk from its id to the newest would
+    # take a batch per batch_size ids between them, and a run bounded in time might never
+    # reach the rows it is there to delete.
+    dead = InboxEventFactory(dead=True, id=1)
+    done = [InboxEventFactory(old=True, id=5_000_000 + offset) for offset in range(5)]
+    processed = Done("processed_at", "<", timezone.now(), status=("status", "processed"))
+    result = delete_in_batches(InboxEvent, processed, batch_size=10)
+    assert (result.deleted, result.batches) == (len(done), 1)
+    assert list(InboxEvent.objects.values_list("pk", flat=True)) == [dead.pk]
 
 
 def make_many_keys(count: int) -> int:

@@ -38,8 +38,8 @@ class IdempotencyKeyManager(models.Manager[M]):
     ) -> PurgeResult:
         """Delete keys past their expiry, ``batch_size`` ids at a time, each batch committed alone.
 
-        Walks the primary key from the oldest row to the newest that existed at the start, so
-        each batch is a short range delete that holds its locks only until it commits; call it
+        Walks the primary key from the oldest expired key to the newest at the start, so each
+        batch is a short range delete that holds its locks only until it commits; call it
         outside a transaction. ``pause`` seconds between batches throttle the run;
         ``max_seconds`` bounds it (the next run carries on). Safe in several processes at once.
         """

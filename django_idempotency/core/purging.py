@@ -1,10 +1,10 @@
 """Deleting rows that are done with, in short batches: expired keys, processed events, dispatched
 messages.
 
-One routine for the three tables. It walks the primary key from the oldest row to the newest
-that existed at the start, ``batch_size`` ids at a time, and each batch is a range delete that
-commits on its own, so that no batch holds its locks for long and a purge can run beside the
-traffic. Several purges at once are safe: a row that another holds (another purge's batch, or a
+One routine for the three tables. It walks the primary key from the lowest to the highest id of
+the rows done with at the start, ``batch_size`` ids at a time, and each batch is a range delete
+that commits on its own, so that no batch holds its locks for long and a purge can run beside
+the traffic. Several purges at once are safe: a row that another holds (another purge's batch, or a
 request taking an expired key over) is left for the next run rather than waited for.
 
 Our own DELETE, not ``QuerySet.delete()``: Django's collector would load every row into Python
@@ -78,8 +78,15 @@ def delete_in_batches(
     """
     using = router.db_for_write(model)
     batch = _Batch(model, connections[using], done)
-    bounds = model._default_manager.using(using).aggregate(
-        low=models.Min("pk"), high=models.Max("pk")
+    # The walk spans only the rows done with when it starts: the rows a person must see (a dead
+    # event, say) may be years older, and a walk from them would never reach the newest.
+    lookup: dict[str, object] = {f"{done.field}__{'lte' if done.op == '<=' else 'lt'}": done.value}
+    if done.status is not None:
+        lookup[done.status[0]] = done.status[1]
+    bounds = (
+        model._default_manager.using(using)
+        .filter(**lookup)
+        .aggregate(low=models.Min("pk"), high=models.Max("pk"))
     )
     started = time.monotonic()
     deleted = batches = 0
