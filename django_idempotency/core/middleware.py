@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -12,7 +13,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest
 
 
-class SyncAndAsyncMiddleware:
+class SyncAndAsyncMiddleware(ABC):
     """Django's hybrid middleware: under ASGI it runs on the event loop, without a thread hop.
 
     ``is_async`` tells ``__call__`` which of the two the next handler is.
@@ -27,6 +28,6 @@ class SyncAndAsyncMiddleware:
         if self.is_async:
             markcoroutinefunction(self)
 
+    @abstractmethod
     def __call__(self, request: HttpRequest) -> Any:
         """The response, or (``is_async``) an awaitable of it."""
-        raise NotImplementedError
