@@ -12,7 +12,12 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotency.operations import checks  # noqa: F401, PLC0415 - registers the checks
+        from django.core.signals import request_started  # noqa: PLC0415
+
+        from django_idempotency.operations import checks  # noqa: PLC0415 - registers the checks
+
+        # ASGI servers run no system checks: the first request tells of W010 instead.
+        request_started.connect(checks.warn_of_asgi_connections)
 
         # Each optional integration loads when its library is installed.
         if installed("drf_spectacular") and installed("rest_framework"):

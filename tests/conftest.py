@@ -19,6 +19,9 @@ CI = os.environ.get("CI", "").lower() == "true"
 # The psycopg2 pass (runtests.py) hides psycopg 3, with which the black-box tests' harness creates
 # its databases and serves the library: they run in the psycopg 3 pass.
 PSYCOPG2 = os.environ.get("TEST_PG_DRIVER") == "psycopg2"
+# runtests.py's PgBouncer pass: the tests connect through a pooler in transaction mode, and the
+# "direct" alias to the server itself (tests/settings.py).
+BEHIND_PGBOUNCER = POSTGRESQL and bool(os.environ.get("TEST_PGBOUNCER_PORT"))
 
 
 def process_env(**extra: str) -> dict[str, str]:
@@ -46,13 +49,42 @@ def pytest_ignore_collect(collection_path, config):
     return True if PSYCOPG2 and collection_path.name == "blackbox" else None
 
 
+# runtests.py runs the tests that touch no database in its first pass alone.
+DATABASE_BOUND_ONLY = os.environ.get("TEST_DATABASE_BOUND_ONLY") == "1"
+# What a test that touches a database asks for: pytest-django refuses every query to the others.
+# The docs' sample tests run in a pytest process of their own, on the pass's database.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "sample_test_results",
+    }
+)
+DATABASE_MARKERS = frozenset({"django_db", "server_db", "postgresql", "sqlite", "pgbouncer"})
+
+
+def touches_a_database(item) -> bool:
+    return bool(
+        DATABASE_MARKERS.intersection(item.keywords)
+        or DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    if DATABASE_BOUND_ONLY:
+        free = [item for item in items if not touches_a_database(item)]
+        if free:
+            config.hook.pytest_deselected(items=free)
+            items[:] = [item for item in items if touches_a_database(item)]
     # Tests of races need a database server: runtests.py runs the suite on SQLite, PostgreSQL
     # and MariaDB. A few look at what only PostgreSQL has.
     skip_server_db = pytest.mark.skip(reason="needs TEST_DATABASE=postgresql or mariadb")
     skip_postgresql = pytest.mark.skip(reason="needs PostgreSQL: TEST_DATABASE=postgresql")
     # Tests on SQLite files of their own mean the same on every pass: they run in SQLite's.
     skip_sqlite = pytest.mark.skip(reason="runs in the SQLite pass (TEST_DATABASE unset)")
+    skip_pgbouncer = pytest.mark.skip(reason="needs PgBouncer: runtests.py --databases pgbouncer")
     # Redis tests need a Redis on 127.0.0.1:6379; in CI a missing one is a failure.
     skip_redis = None if CI or redis_reachable() else pytest.mark.skip(reason="needs Redis")
     for item in items:
@@ -62,6 +94,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_postgresql)
         if "sqlite" in item.keywords and (POSTGRESQL or MARIADB):
             item.add_marker(skip_sqlite)
+        if "pgbouncer" in item.keywords and not BEHIND_PGBOUNCER:
+            item.add_marker(skip_pgbouncer)
         if "redis" in item.keywords and skip_redis is not None:
             item.add_marker(skip_redis)
 

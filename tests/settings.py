@@ -59,6 +59,14 @@ if os.environ.get("TEST_DATABASE") == "postgresql":
             "NAME": os.environ.get("TEST_PG_NAME", "django_idempotency"),
         }
     }
+    if pgbouncer_port := os.environ.get("TEST_PGBOUNCER_PORT"):
+        # Through a PgBouncer in transaction pooling mode (runtests.py's PgBouncer pass), set
+        # as the installation guide says, with a direct alias for the inbox workers to listen
+        # on. PGHOST and PGPORT still name the server itself.
+        DATABASES["direct"] = {**DATABASES["default"], "TEST": {"MIRROR": "default"}}
+        DATABASES["default"].update(
+            HOST="127.0.0.1", PORT=pgbouncer_port, DISABLE_SERVER_SIDE_CURSORS=True
+        )
 elif os.environ.get("TEST_DATABASE") == "mariadb":
     DATABASES = {
         "default": {

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 from django.core.cache import caches as django_caches
+from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.wsgi import WSGIHandler
 from django.core.management import call_command
+from django.core.signals import request_started
 from django.db import connection
 from django.http import HttpResponse
 from django.test import override_settings
@@ -14,10 +17,12 @@ from django.urls import include, path
 from rest_framework.views import APIView
 
 from django_idempotency import conf
+from django_idempotency.core.databases import behind_pooler
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
 from django_idempotency.operations import checks
 from django_idempotency.operations.checks import check_database, check_settings, check_views
+from tests.conftest import BEHIND_PGBOUNCER
 
 SOURCE = Path(checks.__file__).read_text() + Path(conf.__file__).read_text()
 
@@ -458,3 +463,66 @@ def test_a_view_s_misspelt_or_wrong_options_fail_the_checks():
 
 def test_the_test_project_s_views_pass_the_view_checks():
     assert check_views() == []
+
+
+# -- deployments: a pooler, an ASGI server ---------------------------------------------------
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db
+def test_the_pooler_checks_ask_the_server_whether_a_pooler_is_in_between(monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "DISABLE_SERVER_SIDE_CURSORS", False)
+
+    found = ids(checks.check_pooler(databases=["default"]))
+
+    assert behind_pooler(connection) is BEHIND_PGBOUNCER
+    assert found == (["django_idempotency.W008"] if BEHIND_PGBOUNCER else [])
+
+
+@pytest.mark.pgbouncer
+@pytest.mark.django_db
+def test_a_pooled_database_set_as_documented_passes_and_prepared_statements_do_not(monkeypatch):
+    assert checks.check_pooler(databases=["default"]) == []
+
+    options = {**connection.settings_dict.get("OPTIONS", {}), "server_side_binding": True}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
+    assert ids(checks.check_pooler(databases=["default"])) == ["django_idempotency.W009"]
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {**options, "prepare_threshold": None})
+    assert checks.check_pooler(databases=["default"]) == []
+
+
+ASGI = "example.asgi.application"
+
+
+@pytest.mark.parametrize(
+    ("project", "expected"),
+    [
+        ((ASGI, 60, {}), ["django_idempotency.W010"]),
+        ((ASGI, None, {}), ["django_idempotency.W010"]),  # None: connections never close
+        ((ASGI, 0, {}), []),
+        ((ASGI, 60, {"pool": True}), []),
+        ((None, 60, {}), []),  # served over WSGI, as far as the settings tell
+    ],
+)
+def test_persistent_connections_are_warned_of_in_a_project_served_over_asgi(
+    settings, monkeypatch, project, expected
+):
+    settings.ASGI_APPLICATION, conn_max_age, options = project
+    monkeypatch.setitem(settings.DATABASES["default"], "CONN_MAX_AGE", conn_max_age)
+    monkeypatch.setitem(settings.DATABASES["default"], "OPTIONS", options)
+
+    assert ids(checks.check_asgi_connections()) == expected
+
+
+@pytest.mark.parametrize(("handler", "warned"), [(ASGIHandler, True), (WSGIHandler, False)])
+def test_the_first_request_logs_the_warning_under_asgi_and_stops_listening(
+    settings, monkeypatch, caplog, handler, warned
+):
+    # ASGI servers run no system checks: the app listens for the first request instead.
+    monkeypatch.setitem(settings.DATABASES["default"], "CONN_MAX_AGE", 60)
+    request_started.connect(checks.warn_of_asgi_connections)
+
+    checks.warn_of_asgi_connections(sender=handler)
+
+    assert caplog.text.count("django_idempotency.W010") == (1 if warned else 0)
+    assert request_started.disconnect(checks.warn_of_asgi_connections) is False  # gone already

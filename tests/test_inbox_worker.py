@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -27,7 +27,7 @@ from django_idempotency.inbox import worker as worker_module
 from django_idempotency.inbox.processing import CHANNEL, process_due
 from django_idempotency.inbox.worker import run_worker
 from django_idempotency.models import InboxEvent
-from tests.conftest import process_env
+from tests.conftest import BEHIND_PGBOUNCER, process_env
 from tests.inbox import refund_event
 from tests.testapp.models import Refund
 
@@ -35,6 +35,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 database_runner = override_settings(IDEMPOTENCY={"INBOX_RUNNER": "database"})
+# The databases a worker's connections reach: behind a pooler it listens on a direct alias.
+LISTENING = ["default", "direct"] if BEHIND_PGBOUNCER else ["default"]
 
 
 def record(count, **data):
@@ -92,7 +94,8 @@ def test_receiving_records_the_event_in_one_statement_and_leaves_it_due_at_once(
 def test_a_new_event_wakes_the_workers_at_the_commit_and_a_duplicate_wakes_nobody():
     psycopg = pytest.importorskip("psycopg", reason="listens with psycopg 3's own connection")
 
-    settings = connection.settings_dict
+    # The server itself: behind a pooler, notifications do not reach a client.
+    settings = connections["direct" if BEHIND_PGBOUNCER else "default"].settings_dict
     with psycopg.connect(
         host=settings["HOST"], port=settings["PORT"] or 5432, user=settings["USER"],
         dbname=settings["NAME"], autocommit=True,
@@ -196,6 +199,8 @@ def test_the_worker_processes_events_recorded_while_it_runs_and_stops_when_told(
 
 
 def _run_and_close(**kwargs):
+    # Behind a pooler the worker listens on a direct connection, as the operations guide says.
+    kwargs.setdefault("listen_using", "direct" if BEHIND_PGBOUNCER else None)
     try:
         run_worker(**kwargs)
     finally:
@@ -322,6 +327,7 @@ def test_the_periodic_run_processes_due_events_itself_as_a_worker_would():
 
 
 @pytest.mark.postgresql
+@pytest.mark.django_db(transaction=True, databases=LISTENING)
 @database_runner
 def test_a_worker_whose_listening_connection_is_lost_listens_again():
     stop = threading.Event()
@@ -357,3 +363,24 @@ def _rows(sql):
     with connection.cursor() as cursor:
         cursor.execute(sql)
         return cursor.fetchall()
+
+
+@pytest.mark.pgbouncer
+@database_runner
+def test_a_worker_listening_through_a_pooler_says_so_and_polls(caplog):
+    stop = threading.Event()
+    kwargs = {"stop": stop, "interval": 0.2, "listen_using": None}
+    worker = threading.Thread(target=_run_and_close, kwargs=kwargs)
+    worker.start()
+    try:
+        wait_for(lambda: "goes through a pooler" in caplog.text, timeout=10)
+        record(1)
+        wait_for(lambda: Refund.objects.count() == 1, timeout=10)
+    finally:
+        stop.set()
+        worker.join(timeout=10)
+    assert not worker.is_alive()
+    assert _rows(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN%%' "
+        "AND datname = current_database()"
+    ) == [(0,)]

@@ -26,6 +26,8 @@ from tests.testapp.models import Charge, Payment
 from tests.testapp.views import LeasePaymentView, RecoveringLeasePaymentView
 
 ROOT = Path(__file__).resolve().parent.parent
+# Leases are renewed from another thread, on a connection of its own: through PgBouncer too.
+pytestmark = pytest.mark.pooled
 
 
 class FrozenLeases:

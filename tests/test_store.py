@@ -9,17 +9,23 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import close_old_connections, connection, transaction
+from django.db import close_old_connections, connection, connections, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency.core.store import Claim, NewKey, StoredResponse, key_store
 from django_idempotency.models import IdempotencyKey
-from tests.conftest import ApiClient
+from tests.conftest import BEHIND_PGBOUNCER, ApiClient
 from tests.testapp.models import LedgerEntry, Payment
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
+
+# A pooler hands the next transaction another server session: a session ended between
+# requests is not lost to the application (test_a_session_ended_behind_a_pooler_is_replaced).
+direct_sessions = pytest.mark.skipif(
+    BEHIND_PGBOUNCER, reason="behind PgBouncer, a session ended between requests is replaced"
+)
 
 
 def in_threads(count, work):
@@ -234,13 +240,18 @@ def test_a_lost_database_connection_answers_503_and_keeps_nothing(alice, key, ca
 def end_this_threads_session():
     """End this thread's database session from another one, as a failover would while idle."""
     connection.ensure_connection()
-    other = connection.get_new_connection(connection.get_connection_params())
+    # Behind a pooler, from the server's own side: through it, the two could share a session.
+    server = connections["direct"] if BEHIND_PGBOUNCER else connection
+    other = server.get_new_connection(server.get_connection_params())
     try:
         cursor = other.cursor()
         if connection.vendor == "postgresql":
-            cursor.execute(
-                "SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid]
-            )
+            # Asked of the server: behind a pooler, the driver knows only the pooler's.
+            with connection.cursor() as own:
+                own.execute("SELECT pg_backend_pid()")
+                (pid,) = own.fetchone()
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            assert cursor.fetchone() == (True,)
         else:
             cursor.execute(f"KILL {int(connection.connection.thread_id())}")
         other.commit()
@@ -249,6 +260,7 @@ def end_this_threads_session():
     time.sleep(0.1)
 
 
+@direct_sessions
 def test_a_connection_killed_between_requests_answers_503_not_500(client_alice, key):
     # The next request's first query (DRF authentication, before the engine) finds it dead.
     end_this_threads_session()
@@ -262,6 +274,16 @@ def test_a_connection_killed_between_requests_answers_503_not_500(client_alice, 
     close_old_connections()
     retry = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
     assert retry["Idempotency-Status"] == "stored"
+
+
+@pytest.mark.pgbouncer
+def test_a_session_ended_behind_a_pooler_is_replaced(client_alice, key):
+    end_this_threads_session()
+
+    answer = client_alice.send("POST", "/payments/", {"amount": 5}, key=key)
+
+    assert (answer.status_code, answer["Idempotency-Status"]) == (201, "stored")
+    assert Payment.objects.count() == 1
 
 
 @pytest.mark.postgresql
@@ -315,6 +337,7 @@ def test_a_replay_writes_nothing_to_the_database():
         assert cursor.fetchone() == (None,)
 
 
+@direct_sessions
 def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
     # Django's session authentication loads request.user lazily: for a plain view the scope
     # function makes the request's first query.
@@ -331,6 +354,7 @@ def test_a_dead_connection_found_by_a_plain_views_scope_answers_503(alice, key):
 
 # On MariaDB, Django's ATOMIC_REQUESTS fails first: beginning the request's transaction already
 # talks to the server, before any view or engine runs.
+@direct_sessions
 @pytest.mark.postgresql
 def test_a_dead_connection_under_atomic_requests_answers_503(alice, key, monkeypatch):
     monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)

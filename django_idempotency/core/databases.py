@@ -1,8 +1,9 @@
 """What the package's SQL needs to know of the databases it runs on.
 
 Which vendors it supports, how each says that a bounded wait for a row lock ran out or that a
-deadlock rolled a transaction back, and how a statement names a model's table and columns. The
-key store, the inbox and the batched purges all write their SQL with these.
+deadlock rolled a transaction back, how a statement names a model's table and columns, and
+whether a PostgreSQL connection goes through a pooler. The key store, the inbox and the batched
+purges all write their SQL with these.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ def again_after_deadlocks(
             if mariadb_error(exc) != DEADLOCK or attempt == attempts:
                 raise
     raise AssertionError  # unreachable: the last attempt returns or raises
+
+
+def behind_pooler(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection``, to PostgreSQL, reaches the server through a pooler (PgBouncer).
+
+    A pooler answers the client's startup with a process id of its own, the key of its cancel
+    requests; the server's ``pg_backend_pid()`` is then another. Connects if need be; always
+    ``False`` on other databases.
+    """
+    if connection.vendor != "postgresql":
+        return False
+    connection.ensure_connection()
+    announced = connection.connection.info.backend_pid  # psycopg 3, and psycopg2 2.8+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (actual,) = cursor.fetchone()
+    return bool(announced != actual)
 
 
 class Names:

@@ -2,7 +2,9 @@
 
 Between batches the worker waits: on PostgreSQL for a notification on ``CHANNEL`` (sent as an
 event's recording commits) or the end of the interval, elsewhere for the interval alone. The
-interval still matters on PostgreSQL: it is when retries that came due are taken.
+interval still matters on PostgreSQL: it is when retries that came due are taken. A pooler in
+transaction mode (PgBouncer) does not carry notifications: a worker that finds its listening
+connection goes through one says so and waits for the interval alone.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import close_old_connections, connections, router
 
+from django_idempotency.core.databases import behind_pooler
 from django_idempotency.inbox.processing import CHANNEL, process_due
 from django_idempotency.models import InboxEvent
 
@@ -34,13 +37,16 @@ def run_worker(
     batch_size: int = 50,
     interval: float = 1.0,
     after_batch: Callable[[int], None] | None = None,
+    listen_using: str | None = None,
 ) -> None:
     """Process due inbox events in this thread until ``stop`` is set; the event being
     processed when it is set is finished first.
 
-    ``after_batch`` is called with how many events each batch took, zero included.
+    ``after_batch`` is called with how many events each batch took, zero included. On
+    PostgreSQL the worker listens on the ``listen_using`` database (default: the inbox's own),
+    a direct connection when the inbox's goes through a pooler.
     """
-    waiter = _Listener(router.db_for_write(InboxEvent))
+    waiter = _Listener(listen_using or router.db_for_write(InboxEvent))
     try:
         while not stop.is_set():
             taken = 0
@@ -82,6 +88,8 @@ class _Listener:
 
     def _notified(self, timeout: float) -> bool:
         raw = self._listening()
+        if raw is None:  # behind a pooler: the wait goes on without listening
+            return False
         if callable(raw.notifies):  # psycopg 3
             with contextlib.closing(raw.notifies(timeout=timeout, stop_after=1)) as notifies:
                 notified = next(notifies, None) is not None
@@ -104,6 +112,17 @@ class _Listener:
             wrapper = connections.create_connection(self.using)
             wrapper.ensure_connection()
             wrapper.set_autocommit(True)
+            if behind_pooler(wrapper):
+                wrapper.close()
+                self.listens = False
+                logger.warning(
+                    "the inbox worker's connection to the %r database goes through a pooler, "
+                    "which does not carry notifications: the worker looks for new events "
+                    "every --interval; give it --listen-database with a direct connection to be "
+                    "woken at once",
+                    self.using,
+                )
+                return None
             with wrapper.cursor() as cursor:
                 cursor.execute(f"LISTEN {CHANNEL}")
             self.connection = wrapper

@@ -6,6 +6,7 @@ Ids are stable: never reuse one. Retired: W001 (became E012 before any release).
 from __future__ import annotations
 
 import difflib
+import logging
 import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
-from django_idempotency.core.databases import SUPPORTED_VENDORS
+from django_idempotency.core.databases import SUPPORTED_VENDORS, behind_pooler
 from django_idempotency.policy import SETTING_OF
 
 if TYPE_CHECKING:
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
     from django.apps import AppConfig
     from django.core.checks import CheckMessage
+
+logger = logging.getLogger("django_idempotency")
 
 
 @register(Tags.compatibility)
@@ -100,6 +103,46 @@ def check_mariadb(
             )
         ]
     return []
+
+
+@register(Tags.database)
+def check_pooler(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """What fails through a pooler in transaction mode (PgBouncer), on each PostgreSQL database
+    reached through one. A database check: it connects."""
+    messages: list[CheckMessage] = []
+    for alias in databases or ():
+        connection = connections[alias]
+        if connection.vendor != "postgresql" or not behind_pooler(connection):
+            continue
+        config = connection.settings_dict
+        if not config.get("DISABLE_SERVER_SIDE_CURSORS"):
+            messages.append(
+                Warning(
+                    f"The {alias!r} database is reached through a connection pooler, and "
+                    "DISABLE_SERVER_SIDE_CURSORS is not set: in transaction pooling mode, "
+                    "QuerySet.iterator() fails there.",
+                    hint=f"Set DATABASES[{alias!r}]['DISABLE_SERVER_SIDE_CURSORS'] = True; in "
+                    "session pooling mode, silence this warning.",
+                    id="django_idempotency.W008",
+                )
+            )
+        options = config.get("OPTIONS", {})
+        if options.get("server_side_binding") and options.get("prepare_threshold", 5) is not None:
+            messages.append(
+                Warning(
+                    f"The {alias!r} database is reached through a connection pooler, with "
+                    "server-side binding: psycopg prepares statements, which a pooler in "
+                    "transaction mode hands to other connections.",
+                    hint=f"Remove OPTIONS['server_side_binding'] from DATABASES[{alias!r}], or "
+                    "set OPTIONS['prepare_threshold'] = None there.",
+                    id="django_idempotency.W009",
+                )
+            )
+    return messages
 
 
 @register(Tags.compatibility)
@@ -233,6 +276,61 @@ def _redis_connection_kwargs(config: dict[str, Any]) -> dict[str, Any] | None:
         if kwargs.get(name) is None and queries and all(name in query for query in queries):
             kwargs[name] = queries[0][name][0]
     return kwargs
+
+
+@register(Tags.compatibility)
+def check_asgi_connections(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """Persistent connections in a project served over ASGI, as its ASGI_APPLICATION says.
+
+    ASGI servers do not run system checks: the first request an ASGI handler serves logs the
+    same warnings (``warn_of_asgi_connections``).
+    """
+    if not getattr(settings, "ASGI_APPLICATION", None):
+        return []
+    return persistent_connections_under_asgi()
+
+
+def persistent_connections_under_asgi() -> list[CheckMessage]:
+    """A warning for each database that keeps its connections open and has no pool.
+
+    Under ASGI, each request's synchronous code runs in a thread of its own, and each thread
+    opens its own connection: with CONN_MAX_AGE they outlive the request, until the server
+    refuses more clients.
+    """
+    return [
+        Warning(
+            f"DATABASES[{alias!r}] keeps connections open "
+            f"(CONN_MAX_AGE = {config['CONN_MAX_AGE']}) in a project served over ASGI: each "
+            "request's thread opens a connection of its own, and they pile up until the "
+            "database refuses more clients.",
+            hint="Set CONN_MAX_AGE = 0 for it, or on PostgreSQL use Django's connection pool "
+            "(OPTIONS['pool'] = True, with psycopg's pool installed).",
+            id="django_idempotency.W010",
+        )
+        for alias, config in settings.DATABASES.items()
+        if config.get("CONN_MAX_AGE", 0) != 0 and not _pooled(config)
+    ]
+
+
+def _pooled(config: dict[str, Any]) -> bool:
+    options: dict[str, Any] = config.get("OPTIONS", {})
+    return bool(options.get("pool"))
+
+
+def warn_of_asgi_connections(sender: type, **kwargs: Any) -> None:
+    """``request_started`` receiver: the first ASGI request logs W010; any request disconnects
+    it, so it costs one call per process."""
+    from django.core.handlers.asgi import ASGIHandler  # noqa: PLC0415
+    from django.core.signals import request_started  # noqa: PLC0415
+
+    request_started.disconnect(warn_of_asgi_connections)
+    if isinstance(sender, type) and issubclass(sender, ASGIHandler):
+        for message in persistent_connections_under_asgi():
+            logger.warning("%s (%s) %s", message.msg, message.id, message.hint)
 
 
 # The deepest JSON that MariaDB's JSON columns take, counted as MAX_JSON_DEPTH counts ([] is one

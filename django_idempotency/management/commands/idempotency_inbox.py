@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import connections
 
 from django_idempotency.inbox.processing import dispatch_due
 from django_idempotency.inbox.worker import run_worker
@@ -47,6 +48,15 @@ class Command(BaseCommand):
                 "recorded event ends the wait at once."
             ),
         )
+        parser.add_argument(
+            "--listen-database",
+            choices=list(connections),
+            help=(
+                "With --forever, on PostgreSQL: the database alias to listen for new events on "
+                "(default: the inbox's own). Name one that connects directly when the inbox's "
+                "goes through PgBouncer, which does not carry notifications."
+            ),
+        )
 
     def handle(
         self,
@@ -56,17 +66,25 @@ class Command(BaseCommand):
         forever: bool,
         batch_size: int,
         interval: float,
+        listen_database: str | None,
         **options: Any,
     ) -> None:
         if forever:
-            self.work(batch_size=batch_size, interval=interval, purge=not no_purge)
+            self.work(
+                batch_size=batch_size,
+                interval=interval,
+                purge=not no_purge,
+                listen_using=listen_database,
+            )
             return
         dispatched = dispatch_due(limit=limit)
         self.stdout.write(f"Dispatched {dispatched} due inbox events.")
         if not no_purge:
             self.purge()
 
-    def work(self, *, batch_size: int, interval: float, purge: bool) -> None:
+    def work(
+        self, *, batch_size: int, interval: float, purge: bool, listen_using: str | None
+    ) -> None:
         stop = threading.Event()
 
         def ask_to_stop(signum: int, frame: object) -> None:
@@ -85,7 +103,13 @@ class Command(BaseCommand):
                 self.purge()
                 purged_at = time.monotonic()
 
-        run_worker(stop=stop, batch_size=batch_size, interval=interval, after_batch=after_batch)
+        run_worker(
+            stop=stop,
+            batch_size=batch_size,
+            interval=interval,
+            after_batch=after_batch,
+            listen_using=listen_using,
+        )
         self.stdout.write("Stopped.")
 
     def purge(self) -> None:
