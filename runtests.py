@@ -1,22 +1,27 @@
 #!/usr/bin/env python
 """Run the test suite once per database, then the example project's tests.
 
-The database passes run in order (see DATABASE_PASSES): SQLite, then PostgreSQL when one answers
-on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), once with psycopg 3 and once more with
-psycopg2 (which Django falls back to where psycopg 3 is not installed; the black-box tests, which
-serve the library with psycopg 3, are left out of that pass), then MariaDB when one
-answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its driver,
-mysqlclient, is installed (the "mariadb" extra). With CI=true a database server that does not
-answer, or a missing driver, is a failure, not a skip. Coverage of the database passes is
-combined and checked once every one of them has run.
+The database passes run in order (see DATABASE_PASSES): SQLite; then, when PostgreSQL answers on
+PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), PostgreSQL with psycopg 3, PostgreSQL with
+psycopg2 (which Django falls back to where psycopg 3 is not installed) on the tests of what the
+driver changes; MariaDB when one answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306,
+user root) and its driver, mysqlclient, is installed (the "mariadb" extra); and last PostgreSQL
+through a PgBouncer of the pass's own, in transaction pooling mode (Debian's pgbouncer package),
+on the races, the leases and the black-box fault tests. With CI=true a database server that
+does not answer, or a missing driver or pgbouncer, is a failure, not a skip.
 
-Arguments other than the options below are passed to pytest; given any, the example project's
-tests and the coverage floor are left out.
+Tests that touch no database (no database fixture or mark) run in the first pass alone. The
+coverage of the passes is combined and checked once SQLite's, PostgreSQL's (both drivers) and
+MariaDB's have run.
+
+Arguments other than the options below are passed to pytest, in place of each pass's own choice
+of tests; given any, the example project's tests and the coverage floor are left out.
 
   --installed        test the django-idempotency that is installed (the built wheel, as tox
                      installs it), not this checkout's source, which is then kept off sys.path.
   --databases NAMES  run only these database passes, by name: "sqlite", "postgresql",
-                     "psycopg2" or "mariadb", such as "sqlite,postgresql" (default: all of them).
+                     "psycopg2", "mariadb" or "pgbouncer", such as "sqlite,postgresql"
+                     (default: all of them).
 
 Deprecation warnings that django_idempotency's own modules cause are errors in every pass, also
 those raised while Django starts, before pytest's own filters apply.
@@ -30,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import importlib.util
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,11 +52,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = "django_idempotency"
 COVERAGE_FLOOR = 98
+# The passes whose coverage, together, the floor applies to: what PgBouncer adds is its own.
+COVERED_BY = {"sqlite", "postgresql", "psycopg2", "mariadb"}
+# Debian installs pgbouncer in /usr/sbin, which an unprivileged PATH may lack.
+PGBOUNCER_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin"])
 
 
 def answers(host_variable: str, port_variable: str, default_port: int) -> Callable[[], bool]:
@@ -67,9 +78,58 @@ def answers(host_variable: str, port_variable: str, default_port: int) -> Callab
     return reachable
 
 
+@contextlib.contextmanager
+def no_server() -> Iterator[dict[str, str]]:
+    yield {}
+
+
+@contextlib.contextmanager
+def through_pgbouncer() -> Iterator[dict[str, str]]:
+    """A PgBouncer of the pass's own in front of PostgreSQL, and a test database of its own.
+
+    Django would create its test database through the pooler and then fail to drop it, the
+    pooler holding connections to it: the pass keeps it (--reuse-db), and it is dropped here,
+    on the server itself, before and after.
+    """
+    from tests.pgbouncer import PgBouncer  # noqa: PLC0415 - this pass alone needs it
+
+    name = os.environ.get("TEST_PG_NAME", "django_idempotency") + "_pgbouncer"
+    drop_postgresql_database(f"test_{name}")
+    pgbouncer = PgBouncer()
+    pgbouncer.start()
+    try:
+        yield {
+            "TEST_PG_NAME": name,
+            "TEST_PGBOUNCER_PORT": str(pgbouncer.port),
+            "PYTEST_ADDOPTS": " ".join(
+                filter(None, [os.environ.get("PYTEST_ADDOPTS"), "--reuse-db"])
+            ),
+        }
+    finally:
+        pgbouncer.stop()
+        drop_postgresql_database(f"test_{name}")
+
+
+def drop_postgresql_database(name: str) -> None:
+    import psycopg  # noqa: PLC0415 - the test extra's driver
+    from psycopg import sql  # noqa: PLC0415
+
+    with psycopg.connect(
+        host=os.environ.get("PGHOST", "127.0.0.1"),
+        port=os.environ.get("PGPORT", "5432"),
+        user=os.environ.get("PGUSER", "postgres"),
+        password=os.environ.get("PGPASSWORD", ""),
+        dbname="postgres",
+        autocommit=True,
+    ) as connection:
+        connection.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
+
+
 @dataclass(frozen=True)
 class DatabasePass:
-    """One run of the whole suite on one database (TEST_DATABASE in tests/settings.py)."""
+    """One run of the suite on one database (TEST_DATABASE in tests/settings.py)."""
 
     name: str
     database: str  # its name for --databases, and its TEST_DATABASE unless `environ` sets one
@@ -77,9 +137,18 @@ class DatabasePass:
     driver: str = ""  # a module the pass needs
     extra: str = "test"  # the extra that installs it
     environ: tuple[tuple[str, str], ...] = ()  # more of the pass's environment
+    # Which tests, when not all of them: what this pass changes.
+    selection: tuple[str, ...] = ()
+    # Starts what the pass connects through, and gives more of its environment.
+    server: Callable[[], contextlib.AbstractContextManager[dict[str, str]]] = no_server
 
 
 POSTGRESQL = answers("PGHOST", "PGPORT", 5432)
+# What psycopg2 changes (errors, notifications, how values reach the library): the store, the
+# leases, the inbox and the outbox, and their purges.
+DRIVER_BOUND = (
+    "store lease replays transactions purging inbox_receiving inbox_processing inbox_worker outbox"
+)
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
     DatabasePass("PostgreSQL", "postgresql", POSTGRESQL),
@@ -89,9 +158,20 @@ DATABASE_PASSES = [
         POSTGRESQL,
         "psycopg2",
         environ=(("TEST_DATABASE", "postgresql"), ("TEST_PG_DRIVER", "psycopg2")),
+        selection=tuple(f"tests/test_{name}.py" for name in DRIVER_BOUND.split()),
     ),
     DatabasePass(
         "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"
+    ),
+    # A pooler changes what a connection and a session are: the races, the leases and the
+    # black-box fault tests, through a PgBouncer in transaction pooling mode.
+    DatabasePass(
+        "PostgreSQL through PgBouncer",
+        "pgbouncer",
+        lambda: POSTGRESQL() and shutil.which("pgbouncer", path=PGBOUNCER_PATH) is not None,
+        environ=(("TEST_DATABASE", "postgresql"),),
+        selection=("-m", "server_db or postgresql or pgbouncer or pooled"),
+        server=through_pgbouncer,
     ),
 ]
 
@@ -206,7 +286,7 @@ def main(argv: list[str]) -> None:
     env, options_of_env = environment(options.installed)
     pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report=", *args]
 
-    ran = 0
+    ran: list[str] = []
     for database in chosen:
         if not database.reachable():
             if ci:
@@ -222,15 +302,20 @@ def main(argv: list[str]) -> None:
             print(f"\n{missing}: its tests were skipped.", flush=True)
             continue
         append = ["--cov-append"] if ran else []
-        command = [*pytest, *append]
+        # Given no tests to run, a pass runs those its database changes.
+        command = [*pytest, *append, *([] if args else database.selection)]
         title = f"tests on {database.name}"
         environ = {**env, "TEST_DATABASE": database.database, **dict(database.environ)}
-        run(title, command, ROOT, environ, database.database)
-        ran += 1
-    if ran == len(DATABASE_PASSES):
+        if ran:
+            # The tests that touch no database ran in the first pass: once is enough.
+            environ["TEST_DATABASE_BOUND_ONLY"] = "1"
+        with database.server() as server_environ:
+            run(title, command, ROOT, {**environ, **server_environ}, database.database)
+        ran.append(database.database)
+    if set(ran) >= COVERED_BY:
         floor = [f"--fail-under={COVERAGE_FLOOR}"] if not args else []
         coverage = [sys.executable, "-m", "coverage", "report", *floor]
-        run(f"coverage of the {ran} database passes", coverage, ROOT, env)
+        run(f"coverage of the {len(ran)} database passes", coverage, ROOT, env)
     if not args:
         example = [sys.executable, "-m", "pytest", "-q"]
         run("example project", example, ROOT / "example_project", env, "example")
