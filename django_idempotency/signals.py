@@ -77,6 +77,21 @@ inbox_delivery_refused = Signal()
 task_decided = Signal()
 
 
+# The lease-mode signals are sent with ``sender`` set to ``IdempotencyKey`` and ``key``.
+
+#: A running lease-mode request (or task) had its lease extended: sent from the process's lease
+#: thread, not from the request, every third of the lease.
+lease_renewed = Signal()
+#: A retry took over a key whose lease ran out: the request that held it died, or lost the
+#: database for longer than its lease. Sent with ``scope`` and ``route`` too (the URL pattern, or
+#: the task's name), once the takeover commits.
+lease_taken_over = Signal()
+
+#: A call to the replay cache failed, and the database answered instead: sent with ``sender`` set
+#: to the cache's alias, ``operation`` (``get`` or ``set``) and ``error`` (the exception).
+replay_cache_failed = Signal()
+
+
 def send_robustly(signal: Signal, sender: object, **kwargs: object) -> None:
     """Send ``signal`` to every receiver; log, and otherwise ignore, a receiver that raises."""
     for receiver, result in signal.send_robust(sender=sender, **kwargs):

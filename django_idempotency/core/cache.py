@@ -22,6 +22,7 @@ from django.db import transaction
 from django.dispatch import receiver
 from django.utils import timezone
 
+from django_idempotency import signals
 from django_idempotency.core.store import StoredResponse
 
 if TYPE_CHECKING:
@@ -113,6 +114,10 @@ def _forget_breakers(*, setting: str, **kwargs: Any) -> None:
             _breakers.clear()
 
 
+def _report_failure(alias: str, operation: str, error: Exception) -> None:
+    signals.send_robustly(signals.replay_cache_failed, alias, operation=operation, error=error)
+
+
 class ReplayCache:
     """Completed responses by (scope, key), in the Django cache named ``alias``."""
 
@@ -134,8 +139,9 @@ class ReplayCache:
         try:
             entry: Any = self.cache.get(_cache_key(scope, key))
             succeeded = True
-        except Exception:  # any cache failure: the database answers instead
+        except Exception as exc:  # any cache failure: the database answers instead
             logger.warning("replay cache unavailable; reading the database", exc_info=True)
+            _report_failure(self.alias, "get", exc)
             return None
         finally:
             breaker.record(succeeded=succeeded)
@@ -178,8 +184,9 @@ class ReplayCache:
             try:
                 self.cache.set(_cache_key(scope, key), entry, timeout=timeout)
                 succeeded = True
-            except Exception:  # the cache is optional: keep going without it
+            except Exception as exc:  # the cache is optional: keep going without it
                 logger.warning("replay cache unavailable; response not cached", exc_info=True)
+                _report_failure(self.alias, "set", exc)
             finally:
                 breaker.record(succeeded=succeeded)
 

@@ -22,6 +22,8 @@ from django import db
 from django.db import connections
 from django.utils import timezone
 
+from django_idempotency import signals
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from datetime import timedelta
@@ -109,6 +111,7 @@ class LeaseKeeper:
             return
         if not renewed:
             return  # completed meanwhile, or taken over: the completion's fence decides
+        signals.send_robustly(signals.lease_renewed, lease.store.model, key=lease.key)
         running = time.monotonic() - lease.started
         if running > timeout and not lease.overdue_reported:
             lease.overdue_reported = True

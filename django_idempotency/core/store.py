@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import OperationalError, connections, transaction
 from django.db.models import F, Q
 
+from django_idempotency import signals
 from django_idempotency.core import statements
 from django_idempotency.core.counting import Count, DeferredCounts
 from django_idempotency.core.databases import (
@@ -124,12 +125,13 @@ def _free(row: Holder, new: NewKey) -> bool:
     return (
         _aware(row.expires_at) <= new.now
         or row.state == "failed"
-        or (
-            row.locked_until is not None
-            and _aware(row.locked_until) <= new.now
-            and row.fingerprint == new.fingerprint
-        )
+        or (_lease_ran_out(row, new) and row.fingerprint == new.fingerprint)
     )
+
+
+def _lease_ran_out(row: Holder, new: NewKey) -> bool:
+    # Only a running lease-mode request's row has locked_until: completing or failing clears it.
+    return row.locked_until is not None and _aware(row.locked_until) <= new.now
 
 
 def key_store(model: type[Model], using: str) -> KeyStore:
@@ -208,10 +210,20 @@ class KeyStore:
                 if not take_over:
                     return None
                 if (claim := self.claim(new)) is not None:
+                    if row is not None and _lease_ran_out(row, new):
+                        self._report_takeover(new)
                     return claim
                 continue  # another request took the row over first: it holds the key now
             return self._replay_or_refuse(row, new)
         raise KeyBusy  # the row changed hands three times while this request looked
+
+    def _report_takeover(self, new: NewKey) -> None:
+        """Signal that ``new`` took over a lease that ran out, once its claim commits."""
+        sent = {"key": new.key, "scope": new.scope, "route": new.route}
+        transaction.on_commit(
+            lambda: signals.send_robustly(signals.lease_taken_over, self.model, **sent),
+            using=self.using,
+        )
 
     def _replay_or_refuse(self, row: Holder, new: NewKey) -> StoredResponse | Conflict:
         if row.fingerprint != new.fingerprint:
@@ -426,6 +438,8 @@ class MariaDBKeyStore(KeyStore):
                 # Unreachable while the insert's lock holds the row; should a purge have taken it
                 # in between, the key is new again.
             if _free(row, new):
+                if _lease_ran_out(row, new):
+                    self._report_takeover(new)
                 inserted = self._inserted(new)
                 renewed = [inserted[name] for name in statements.RENEWED]
                 cursor.execute(self.more.take_over, [*renewed, row.id])

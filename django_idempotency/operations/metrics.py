@@ -19,20 +19,33 @@ example project's view) exposes them too:
   tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
 - ``django_idempotency_tasks_total{outcome, task}``: deliveries of idempotent Celery tasks, by
   outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``, ``not_stored``) and task;
+- ``django_idempotency_lease_renewals_total``: leases of running lease-mode requests renewed;
+- ``django_idempotency_lease_takeovers_total{route}``: keys taken over by a retry after their
+  lease ran out, by URL pattern (or task name);
+- ``django_idempotency_replay_cache_errors_total{operation}``: replay cache calls that failed
+  (``get`` or ``set``), the database answering instead;
 - read from the database at each scrape: ``django_idempotency_stuck_leases`` (lease-mode keys
   whose lease ran out), ``django_idempotency_unsettled_leases`` (keys the reconcile hook
   could not settle, waiting for a person), ``django_idempotency_inbox_due_events``,
-  ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages`` and
-  ``django_idempotency_outbox_dead_messages``;
+  ``django_idempotency_inbox_dead_events``, ``django_idempotency_outbox_due_messages``,
+  ``django_idempotency_outbox_dead_messages``, and the ages of the oldest due:
+  ``django_idempotency_inbox_oldest_due_seconds`` and
+  ``django_idempotency_outbox_oldest_due_seconds``;
+- ``django_idempotency_scrape_errors_total``: scrapes whose database reads failed, which left
+  those gauges out;
 - read from the retry client's circuit breakers at each scrape, when the client is installed:
   ``django_idempotency_client_circuits{host, state}`` (circuits in each state: ``closed``,
   ``open``, ``half_open``), ``django_idempotency_client_circuit_opened_total{host}`` and
   ``django_idempotency_client_circuit_rejected_total{host}`` (requests failed fast).
+
+Under prometheus-client's multiprocess mode the registry served is a new one, without the
+database gauges: ``register_database_gauges()`` adds them to it.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +60,7 @@ from django_idempotency.core.sweeper import NEEDS_ATTENTION
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 
 with optional.requires("metrics", __name__):
-    from prometheus_client import REGISTRY, Counter, Histogram
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
     from prometheus_client.registry import Collector
 
@@ -57,9 +70,10 @@ if _CLIENT:
     from django_idempotency.client import CIRCUIT_STATES, all_breakers
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
+    from datetime import datetime
 
-    from django.db.models import Model
+    from django.db.models import Model, QuerySet
     from prometheus_client import Metric
 
 logger = logging.getLogger("django_idempotency")
@@ -113,6 +127,40 @@ INBOX_REFUSED = Counter(
 )
 
 
+LEASE_RENEWALS = Counter(
+    "django_idempotency_lease_renewals",
+    "Leases of running lease-mode requests renewed by their process.",
+)
+LEASE_TAKEOVERS = Counter(
+    "django_idempotency_lease_takeovers",
+    "Keys taken over by a retry after their lease ran out, by route.",
+    ["route"],
+)
+REPLAY_CACHE_ERRORS = Counter(
+    "django_idempotency_replay_cache_errors",
+    "Replay cache calls that failed, by operation: the database answered instead.",
+    ["operation"],
+)
+# Registered after the backlog's collector (see _connect()), so that a scrape counts its own error.
+SCRAPE_ERRORS = Counter(
+    "django_idempotency_scrape_errors",
+    "Scrapes whose database reads failed: the backlog gauges were left out of them.",
+    registry=None,
+)
+
+
+def _count_renewal(**_: Any) -> None:
+    LEASE_RENEWALS.inc()
+
+
+def _count_takeover(*, route: str, **_: Any) -> None:
+    LEASE_TAKEOVERS.labels(route=route).inc()
+
+
+def _count_cache_error(*, operation: str, **_: Any) -> None:
+    REPLAY_CACHE_ERRORS.labels(operation=operation).inc()
+
+
 def _count_decision(*, outcome: str, route: str | None, overhead: float, **_: Any) -> None:
     REQUESTS.labels(outcome=outcome, route=route or "").inc()
     OVERHEAD.labels(outcome=outcome).observe(overhead)
@@ -133,11 +181,22 @@ def _inbox_receiver(outcome: str) -> Any:
     return count
 
 
-class BacklogCollector(Collector):
-    """Count, at each scrape, what waits for a person or for the periodic tasks.
+def _count(rows: QuerySet[Any], now: datetime) -> float:
+    return rows.count()
 
-    Each count reads a small partial index. A database error leaves the counts out of that
-    scrape, and is logged.
+
+def _oldest_due_age(rows: QuerySet[Any], now: datetime) -> float:
+    # The first entry of the due index, read in its order: one probe, however long the backlog.
+    oldest = rows.order_by("next_attempt_at").values_list("next_attempt_at", flat=True).first()
+    return 0.0 if oldest is None else max(0.0, (now - oldest).total_seconds())
+
+
+class BacklogCollector(Collector):
+    """Read, at each scrape, what waits for a person or for the periodic tasks.
+
+    Each gauge reads a small partial index: a count of its entries, or the first of them. A
+    scrape whose reads fail leaves the gauges out, counts the failure and logs it; the rest of
+    the scrape answers.
     """
 
     def describe(self) -> Iterable[Metric]:
@@ -145,57 +204,106 @@ class BacklogCollector(Collector):
         return [GaugeMetricFamily(name, help_text) for name, help_text, *_ in self._gauges()]
 
     def collect(self) -> Iterable[Metric]:
-        families = []
+        now = timezone.now()
+        families, aliases = [], set()
         try:
-            for name, help_text, model, condition in self._gauges():
-                count = model._default_manager.using(router.db_for_read(model)).filter(condition)
-                families.append(GaugeMetricFamily(name, help_text, value=count.count()))
-        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
-            logger.warning("idempotency metrics: the backlog counts could not be read")
+            for name, help_text, model, condition, measure in self._gauges(now):
+                aliases.add(alias := router.db_for_read(model))
+                rows = model._default_manager.using(alias).filter(condition)
+                families.append(GaugeMetricFamily(name, help_text, value=measure(rows, now)))
+        except Exception:  # whatever fails, the scrape of every other metric must not
+            SCRAPE_ERRORS.inc()
+            logger.warning("idempotency metrics: the backlog could not be read", exc_info=True)
+            self._close_broken_connections(aliases)
             return []
         return families
 
     @staticmethod
-    def _gauges() -> list[tuple[str, str, type[Model], Q]]:
-        now = timezone.now()
+    def _close_broken_connections(aliases: Iterable[str]) -> None:
+        # A scrape served outside a request (prometheus-client's own HTTP server thread) has no
+        # request_finished to drop a connection that the database closed: every later scrape
+        # would fail on it.
+        for alias in aliases:
+            connection = db.connections[alias]
+            if not connection.in_atomic_block:
+                with contextlib.suppress(db.Error):
+                    connection.close_if_unusable_or_obsolete()
+
+    @staticmethod
+    def _gauges(
+        now: datetime | None = None,
+    ) -> list[tuple[str, str, type[Model], Q, Callable[[QuerySet[Any], datetime], float]]]:
+        now = now or timezone.now()
+        inbox_due = Q(next_attempt_at__lte=now)
+        outbox_due = Q(status=OutboxMessage.Status.PENDING, next_attempt_at__lte=now)
         return [
             (
                 "django_idempotency_stuck_leases",
                 "Lease-mode keys whose lease ran out: the sweep will release them.",
                 IdempotencyKey,
                 Q(state=IdempotencyKey.State.IN_PROGRESS, locked_until__lte=now),
+                _count,
             ),
             (
                 "django_idempotency_unsettled_leases",
                 "Lease-mode keys the reconcile hook could not settle: they wait for a person.",
                 IdempotencyKey,
                 NEEDS_ATTENTION,
+                _count,
             ),
             (
                 "django_idempotency_inbox_due_events",
                 "Inbox events due to be processed now (new or to retry).",
                 InboxEvent,
-                Q(next_attempt_at__lte=now),
+                inbox_due,
+                _count,
+            ),
+            (
+                "django_idempotency_inbox_oldest_due_seconds",
+                "How long the inbox event due the longest has waited since it was due; 0 if none.",
+                InboxEvent,
+                inbox_due,
+                _oldest_due_age,
             ),
             (
                 "django_idempotency_inbox_dead_events",
                 "Inbox events that failed every attempt and wait for a person.",
                 InboxEvent,
                 Q(status=InboxEvent.Status.DEAD),
+                _count,
             ),
             (
                 "django_idempotency_outbox_due_messages",
                 "Outbox messages due to be sent now.",
                 OutboxMessage,
-                Q(status=OutboxMessage.Status.PENDING, next_attempt_at__lte=now),
+                outbox_due,
+                _count,
+            ),
+            (
+                "django_idempotency_outbox_oldest_due_seconds",
+                "How long the outbox message due the longest has waited since it was due; 0 if "
+                "none.",
+                OutboxMessage,
+                outbox_due,
+                _oldest_due_age,
             ),
             (
                 "django_idempotency_outbox_dead_messages",
                 "Outbox messages that failed every attempt and wait for a person.",
                 OutboxMessage,
                 Q(status=OutboxMessage.Status.DEAD),
+                _count,
             ),
         ]
+
+
+def register_database_gauges(registry: CollectorRegistry) -> None:
+    """Serve the gauges read from the database from ``registry`` too.
+
+    For prometheus-client's multiprocess mode, whose ``MultiProcessCollector`` serves a registry
+    of its own: the default registry, where the app put them, is not served there.
+    """
+    registry.register(BacklogCollector())
 
 
 class CircuitCollector(Collector):
@@ -271,7 +379,14 @@ def _connect() -> None:
     signals.inbox_delivery_refused.connect(
         _count_refusal, dispatch_uid="django_idempotency.operations.metrics", weak=False
     )
+    for signal, receiver in (
+        (signals.lease_renewed, _count_renewal),
+        (signals.lease_taken_over, _count_takeover),
+        (signals.replay_cache_failed, _count_cache_error),
+    ):
+        signal.connect(receiver, dispatch_uid="django_idempotency.operations.metrics", weak=False)
     REGISTRY.register(BacklogCollector())
+    REGISTRY.register(SCRAPE_ERRORS)
     if _CLIENT:
         REGISTRY.register(CircuitCollector())
 
