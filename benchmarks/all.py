@@ -13,7 +13,9 @@ Runs these one after the other, each in a process of its own:
   profiling.py  where a keyed request's and a webhook's time goes, in one process
 then run.py's requests, webhooks and bursts once more under gunicorn's gthread workers (4 x 4
 threads; --worker-classes sync leaves them out), and, with --databases postgresql mariadb, on
-MariaDB too,
+MariaDB too, then
+  asgi_requests.py  the example's async view, fresh and replay, against the same bare async
+             view under uvicorn (--asgi-workers workers; --asgi-workers 0 leaves it out),
 then prints the machine, the command and every table in Markdown, headed as in
 docs/benchmarks.md. Progress goes to stderr, so `... > results.md` keeps the tables alone. Each
 part drops its database when it is done.
@@ -44,7 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if __package__ in {None, ""}:  # run as a script: make the benchmarks package importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks import admin, outbox, profiling, purge, run, tables
+from benchmarks import admin, asgi_requests, outbox, profiling, purge, run, tables
 from benchmarks.common import ROOT, drop_database
 from benchmarks.databases import DATABASES
 
@@ -101,6 +103,13 @@ def parse_arguments() -> argparse.Namespace:
         "webhooks and bursts, 4 workers x 4 threads) beside it (sync gthread)",
     )
     requests.add_argument("--port", type=int, help="gunicorn's port on 127.0.0.1 (8765)")
+    requests.add_argument(
+        "--asgi-workers",
+        type=int,
+        default=2,
+        metavar="N",
+        help="uvicorn workers for the async view's requests (2); 0 leaves them out",
+    )
     requests.add_argument("--burst", type=int, help="same-key requests sent at once (64)")
     requests.add_argument(
         "--sweep",
@@ -196,6 +205,7 @@ def machine(databases: list[str]) -> str:
         "Django": "django",
         "Django REST framework": "djangorestframework",
         "gunicorn": "gunicorn",
+        "uvicorn": "uvicorn",
         "psycopg": "psycopg",
         "Celery": "celery",
     }
@@ -214,9 +224,10 @@ def machine(databases: list[str]) -> str:
     )
 
 
-def main() -> None:
-    args = parse_arguments()
-    run_args = run.parse_arguments(
+def part_arguments(args: argparse.Namespace) -> argparse.Namespace:
+    """Each part's arguments, by the part's name, from the command line's."""
+    parts = argparse.Namespace()
+    parts.run = run.parse_arguments(
         options(
             duration=args.duration,
             rounds=args.rounds,
@@ -230,24 +241,43 @@ def main() -> None:
             purge_rows=args.keys,
         )
     )
-    purge_args = purge.parse_arguments(options(rows=args.keys))
-    admin_args = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
-    outbox_args = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
-    profile_args = profiling.parse_arguments(options(requests=args.profile_requests))
+    parts.purge = purge.parse_arguments(options(rows=args.keys))
+    parts.admin = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
+    parts.outbox = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
+    parts.profile = profiling.parse_arguments(options(requests=args.profile_requests))
+    # The async view's requests under uvicorn: the same rounds as run.py's.
+    parts.asgi = asgi_requests.parse_arguments(
+        options(
+            duration=args.duration,
+            rounds=args.rounds,
+            connections=args.connections,
+            threads=args.threads,
+            workers=args.asgi_workers or None,
+        )
+    )
     # The requests on MariaDB: run.py's rounds and bursts, without the sweep and the purge.
-    mariadb_args = argparse.Namespace(
-        **{**vars(run_args), "database": "mariadb", "sweep": [], "plot": None, "purge_rows": 0}
+    parts.mariadb = argparse.Namespace(
+        **{**vars(parts.run), "database": "mariadb", "sweep": [], "plot": None, "purge_rows": 0}
     )
     # The requests under gthread workers: the same rounds and bursts, on PostgreSQL.
-    gthread_args = argparse.Namespace(
+    parts.gthread = argparse.Namespace(
         **{
-            **vars(mariadb_args),
+            **vars(parts.mariadb),
             "database": "postgresql",
             "worker_class": "gthread",
             "workers": 4,
             "worker_threads": 4,
         }
     )
+    return parts
+
+
+def main() -> None:
+    args = parse_arguments()
+    parts = part_arguments(args)
+    run_args, purge_args, admin_args = parts.run, parts.purge, parts.admin
+    outbox_args, profile_args, asgi_args = parts.outbox, parts.profile, parts.asgi
+    mariadb_args, gthread_args = parts.mariadb, parts.gthread
     progress(
         f"wrk alone will run for {wrk_minutes(args, run_args):.1f} min; the fills and the other "
         "parts add more"
@@ -265,6 +295,9 @@ def main() -> None:
         if "mariadb" in args.databases:
             progress("requests, bursts on MariaDB")
             on_mariadb = in_own_process(run.measure, mariadb_args)
+        if args.asgi_workers:
+            progress("the async view's requests under uvicorn")
+            asynchronous = in_own_process(asgi_requests.measure, asgi_args)
         progress("purge against one DELETE")
         purged = in_own_process(purge.measure, purge_args)
         progress("admin pages")
@@ -276,6 +309,7 @@ def main() -> None:
     finally:  # in case a part died before it could drop its database
         for database in (
             run.DATABASE,
+            asgi_requests.DATABASE,
             purge.DATABASE,
             admin.DATABASE,
             outbox.DATABASE,
@@ -314,6 +348,10 @@ def main() -> None:
         sections.append(gthread_section(threaded, gthread_args))
     if "mariadb" in args.databases:
         sections.append(mariadb_section(on_mariadb, mariadb_args))
+    if args.asgi_workers:
+        sections.append(
+            "## Async views under uvicorn\n\n" + asgi_requests.report(asynchronous, asgi_args)
+        )
     print("\n\n".join(sections))
 
 
@@ -323,6 +361,8 @@ def wrk_minutes(args: argparse.Namespace, run_args: argparse.Namespace) -> float
     load = rounds_load + run_args.duration * run_args.rounds * 2
     load += run_args.sweep_duration * run_args.rounds * len(run_args.sweep) * 3
     load += rounds_load * (len(args.databases) - 1 + len(args.worker_classes) - 1)
+    if args.asgi_workers:
+        load += run_args.duration * (run_args.rounds + 1) * len(asgi_requests.SCENARIOS)
     return load / 60
 
 

@@ -206,11 +206,12 @@ def manage(env: dict[str, str], *args: str) -> None:
     )
 
 
-def prepare_database(env: dict[str, str], database: str) -> None:
+def prepare_database(env: dict[str, str], database: str, name: str = DATABASE) -> None:
+    """Create the database ``name`` anew on the server ``database``, as ``env`` finds it."""
     server = DATABASES[database]
-    server.recreate(DATABASE)
+    server.recreate(name)
     manage(env, "migrate", "--verbosity", "0")
-    with server.connect(DATABASE) as connection, connection.cursor() as cursor:
+    with server.connect(name) as connection, connection.cursor() as cursor:
         cursor.execute(server.bare_table)
         cursor.execute(server.naive_table)
         cursor.execute(server.naive_event_table)
@@ -341,18 +342,32 @@ def run_wrk(
     if scenario in WEBHOOK_SCENARIOS:
         script = webhook_script(spec["path"], duration, threads, prefix)
     else:
-        script = LUA % {
-            "auth": AUTH,
-            "key": spec["key"],
-            "prefix": prefix,
-            "path": spec["path"],
-            "body": BODY,
-        }
+        script = payment_script(spec["path"], spec["key"], prefix)
+    return wrk(
+        server.base_of(scenario),
+        script,
+        scenario,
+        threads=threads,
+        connections=connections,
+        duration=duration,
+    )
+
+
+def payment_script(path: str, key: str, prefix: str) -> str:
+    """wrk's script that POSTs a payment to ``path`` with ``key``: ``""`` for a new key each
+    time (named after ``prefix``), ``"none"`` for none."""
+    return LUA % {"auth": AUTH, "key": key, "prefix": prefix, "path": path, "body": BODY}
+
+
+def wrk(
+    base: str, script: str, scenario: str, *, threads: int, connections: int, duration: int
+) -> Measure:
+    """Run wrk's ``script`` against ``base``; fail on any answer but a 2xx or 3xx."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
     command = [
         "wrk", "--latency", "--timeout", "30s", "-t", str(threads), "-c", str(connections),
-        "-d", f"{duration}s", "-s", handle.name, server.base_of(scenario),
+        "-d", f"{duration}s", "-s", handle.name, base,
     ]  # fmt: skip
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     Path(handle.name).unlink()
@@ -421,19 +436,20 @@ def seed_replays(server: Server) -> None:
     """Store the one key of each replay scenario, so that every request they send is a replay."""
     for scenario in ("replay", "naive-replay", "cached-replay", "naive-cached-replay"):
         spec = SCENARIOS[scenario]
-        request = urllib.request.Request(  # noqa: S310 - loopback only
-            server.base + spec["path"],
-            data=BODY.encode(),
-            method="POST",
-            headers={
-                "Content-Type": "application/json",
-                "Authorization": AUTH,
-                "Idempotency-Key": spec["key"],
-            },
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
-            if response.status != 201:  # pragma: no cover - urlopen raises for 4xx and 5xx
-                raise SystemExit(f"{scenario}: seeding its key answered {response.status}")
+        seed_key(server.base, spec["path"], spec["key"])
+
+
+def seed_key(base: str, path: str, key: str) -> None:
+    """POST the payment to ``path`` with ``key`` once, so that every later request replays."""
+    request = urllib.request.Request(  # noqa: S310 - loopback only
+        base + path,
+        data=BODY.encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": AUTH, "Idempotency-Key": key},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:  # noqa: S310
+        if response.status != 201:  # pragma: no cover - urlopen raises for 4xx and 5xx
+            raise SystemExit(f"{path}: seeding its key answered {response.status}")
 
 
 def checked_run(

@@ -12,9 +12,14 @@ DEBUG = False
 # (the same in every scenario) from drowning the difference being measured.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 LOGGING = {"version": 1, "disable_existing_loggers": False}
-# Persistent connections, as in production; a new connection per request would dominate.
-DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
-DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
+# Persistent connections, as in production under WSGI; a new connection per request would
+# dominate. Not under ASGI (benchmarks/asgi.py says BENCH_ASGI): Django runs each request's
+# queries in a thread of the request's own, which a persistent connection would outlive.
+if not os.environ.get("BENCH_ASGI"):
+    DATABASES["default"]["CONN_MAX_AGE"] = 600  # noqa: F405
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True  # noqa: F405
+    # Served over WSGI alone: the check for persistent connections under ASGI does not apply.
+    ASGI_APPLICATION = None
 
 # The inbox hands events to Celery over Redis, as in production; no worker runs during the
 # measurement, so what is measured is the ingest: verify, record once, enqueue. run.py serves

@@ -37,6 +37,9 @@ LABELS = {
     "inbox-inline": "`inbox-inline`: the same, then run the handler in the request",
     "inbox-database": "`inbox-database`: the same, record only (the worker paused)",
     "inbox-database-worker": "`inbox-database-worker`: the same, its worker running beside",
+    "async-bare": "`async-bare`: the async view without `@idempotent`",
+    "async-fresh": "`async-fresh`: the async view, new key each time",
+    "async-replay": "`async-replay`: the async view, same key each time",
 }
 PLOT_LABELS = {
     "bare": "bare view (no idempotency)",
@@ -57,8 +60,8 @@ def workers_text(args: argparse.Namespace) -> str:
     return f"{plural(args.workers, 'gunicorn gthread worker')} x {worker_threads(args)} threads"
 
 
-def _scenario_table(rounds: Runs, names: tuple[str, ...]) -> str:
-    """Median req/s, p50 and p99 of ``names``, each also as a ratio of the first."""
+def scenario_table(rounds: Runs, names: tuple[str, ...]) -> str:
+    """Median req/s, p50 and p99 of ``names``, each also as a ratio of the first (the bare)."""
     medians = {name: median(rounds[name]) for name in names}
     bare = medians[names[0]]
     header = ["scenario", "req/s", "req/s vs bare", "p50", "p50 vs bare", "p99", "p99 vs bare"]
@@ -83,7 +86,7 @@ def requests_section(results: Results, args: argparse.Namespace) -> str:
         f"{args.connections} connections, {workers_text(args)}; medians of the rounds. Every "
         "round checked that `fresh`, `naive-fresh` and `cached-fresh` stored one payment and one "
         "key per request, and that the replays stored none.\n\n"
-        + _scenario_table(results.rounds, REQUEST_SCENARIOS)
+        + scenario_table(results.rounds, REQUEST_SCENARIOS)
     )
 
 
@@ -95,7 +98,7 @@ def webhooks_section(results: Results, args: argparse.Namespace) -> str:
         "runner has its own gunicorn. The `database` runner's one worker "
         "(`idempotency_inbox --forever`) runs on the same cores; during `inbox-database` it is "
         "paused (SIGSTOP), so that the figure is the ingest's alone.\n\n"
-        + _scenario_table(results.rounds, WEBHOOK_SCENARIOS)
+        + scenario_table(results.rounds, WEBHOOK_SCENARIOS)
         + "\n\nProcessing latency, from the event's recording to its handler's commit "
         "(`processed_at - received_at`). Under load: every event of the round, medians of the "
         "rounds; each round waited until every event was processed, so an event also waits for "

@@ -1,4 +1,5 @@
-"""The example's URLs, plus the payment view without IdempotentMixin, and the naive floors."""
+"""The example's URLs, plus the payment views without IdempotentMixin or @idempotent, and the
+naive floors."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import json
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from asgiref.sync import sync_to_async
 from django.db import connection, transaction
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics
@@ -15,9 +17,13 @@ from rest_framework import generics
 from benchmarks.naive import NaiveCachedPaymentList, NaivePaymentList, naive_webhook
 from example_project.urls import urlpatterns as example_urlpatterns
 from payments import provider
+from payments.async_views import authenticated, created, payment_input
+from payments.models import LedgerEntry, Payment
 from payments.views import PaymentList
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from django_idempotency.policy import Policy
 
 # Measure the library, not the fake provider's simulated latency.
@@ -43,6 +49,33 @@ class CachedPaymentList(PaymentList):
 
 
 @csrf_exempt
+@authenticated
+async def bare_async_payment(request: HttpRequest) -> HttpResponse:
+    """The example's async payment view without @idempotent (benchmarks/asgi_requests.py); its
+    writes in one transaction, as a careful async view has them."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    data = payment_input(request)
+    if isinstance(data, HttpResponse):
+        return data
+    reference = await provider.aauthorize(data["amount"], data["currency"])
+    payment = await sync_to_async(_record_atomically)(request.user, data, reference)
+    return created(request, payment)
+
+
+def _record_atomically(owner: Any, data: dict[str, Any], reference: str) -> Payment:
+    with transaction.atomic():
+        payment = Payment.objects.create(owner=owner, provider_reference=reference, **data)
+        LedgerEntry.objects.create(
+            payment=payment,
+            kind=LedgerEntry.Kind.CHARGE,
+            amount=payment.amount,
+            currency=payment.currency,
+        )
+    return payment
+
+
+@csrf_exempt
 def bare_webhook(request: HttpRequest) -> JsonResponse:
     """What the inbox is measured against: parse the body and insert it, nothing more."""
     payload = json.loads(request.body)
@@ -57,6 +90,7 @@ def bare_webhook(request: HttpRequest) -> JsonResponse:
 urlpatterns = [
     *example_urlpatterns,
     path("bench/bare/payments/", BarePaymentList.as_view()),
+    path("bench/bare/async/payments/", bare_async_payment),
     path("bench/bare/webhooks/", bare_webhook),
     path("bench/naive/payments/", NaivePaymentList.as_view()),
     path("bench/naive/cached/payments/", NaiveCachedPaymentList.as_view()),

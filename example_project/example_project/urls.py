@@ -7,6 +7,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from payments import async_views
 from payments.ninja_api import api as ninja_api
 from payments.webhooks import PaymentEventsWebhook, ProviderWebhook
 
@@ -23,6 +24,10 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The same payments through Django Ninja: POST /ninja/payments/, the schema at /ninja/docs.
     path("ninja/", ninja_api.urls),
+    # Plain Django async views (ASGI: example_project.asgi): a payment, and a card charge in
+    # lease mode. The async Ninja route is POST /ninja/async-payments/.
+    path("async/payments/", async_views.create_payment, name="async-payments"),
+    path("async/charges/", async_views.charge_card, name="async-charges"),
     path("metrics/", metrics),
     path("webhooks/provider/", ProviderWebhook.as_view()),
     path("webhooks/payments/", PaymentEventsWebhook.as_view()),

@@ -1,6 +1,7 @@
-"""The payments API's one Django Ninja route: ``POST /ninja/payments/``, safe to retry.
+"""The payments API's Django Ninja routes: ``POST /ninja/payments/``, safe to retry, and the same
+from an ``async def`` operation, ``POST /ninja/async-payments/``.
 
-It takes a payment as ``POST /api/payments/`` does, through ``django_idempotency.ninja``: the key
+Each takes a payment as ``POST /api/payments/`` does, through ``django_idempotency.ninja``: the key
 is resolved after Ninja authenticates the caller, the payment and its ledger entry commit with the
 stored response, and the schema at ``/ninja/openapi.json`` documents the ``Idempotency-Key``
 header and its problem answers.
@@ -70,23 +71,44 @@ api = NinjaAPI(
 )
 
 
+def _payment(request: HttpRequest, payload: PaymentIn, reference: str) -> dict[str, Any]:
+    return {
+        "owner": request.auth,  # type: ignore[attr-defined] # set by Ninja's authentication
+        "amount": payload.amount,
+        "currency": payload.currency.lower(),
+        "description": payload.description,
+        "metadata": payload.metadata,
+        "provider_reference": reference,
+    }
+
+
+def _ledger_entry(payment: Payment) -> dict[str, Any]:
+    return {
+        "payment": payment,
+        "kind": LedgerEntry.Kind.CHARGE,
+        "amount": payment.amount,
+        "currency": payment.currency,
+    }
+
+
 @api.post("/payments/", response={201: PaymentOut})
 @idempotent()
 def create_payment(request: HttpRequest, payload: PaymentIn) -> Status[Payment]:
     """Take a payment: send an ``Idempotency-Key``, and send it again with each retry."""
     reference = provider.authorize(payload.amount, payload.currency)
-    payment = Payment.objects.create(
-        owner=request.auth,  # type: ignore[attr-defined] # set by Ninja's authentication
-        amount=payload.amount,
-        currency=payload.currency.lower(),
-        description=payload.description,
-        metadata=payload.metadata,
-        provider_reference=reference,
-    )
-    LedgerEntry.objects.create(
-        payment=payment,
-        kind=LedgerEntry.Kind.CHARGE,
-        amount=payment.amount,
-        currency=payment.currency,
-    )
+    payment = Payment.objects.create(**_payment(request, payload, reference))
+    LedgerEntry.objects.create(**_ledger_entry(payment))
+    return Status(201, payment)
+
+
+@api.post("/async-payments/", response={201: PaymentOut})
+@idempotent()
+async def create_payment_async(request: HttpRequest, payload: PaymentIn) -> Status[Payment]:
+    """Take a payment, from an ``async def`` operation: the same as ``POST /payments/``.
+
+    Its queries (Django's async ORM) join the transaction that holds the key.
+    """
+    reference = await provider.aauthorize(payload.amount, payload.currency)
+    payment = await Payment.objects.acreate(**_payment(request, payload, reference))
+    await LedgerEntry.objects.acreate(**_ledger_entry(payment))
     return Status(201, payment)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
@@ -9,6 +10,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
@@ -42,6 +44,13 @@ def authorize(amount: int, currency: str) -> str:
     effect outside the database, so a rollback undoes everything it did.
     """
     time.sleep(LATENCY)
+    return f"auth_{uuid.uuid4().hex[:16]}"
+
+
+async def aauthorize(amount: int, currency: str) -> str:
+    """``authorize`` for an async view: the latency is awaited, and the event loop serves other
+    requests meanwhile."""
+    await asyncio.sleep(LATENCY)
     return f"auth_{uuid.uuid4().hex[:16]}"
 
 
@@ -97,9 +106,26 @@ def _elsewhere(work: Callable[[], T]) -> T:
 
 def charge(amount: int, currency: str, *, idempotency_key: str, description: str = "") -> str:
     """Charge a card at the provider; the same key returns the first charge's reference."""
+    time.sleep(LATENCY)
+    reference = _take(amount, currency, idempotency_key, description)
+    time.sleep(DELAY_AFTER_CHARGE)
+    return reference
+
+
+async def acharge(
+    amount: int, currency: str, *, idempotency_key: str, description: str = ""
+) -> str:
+    """``charge`` for an async view: the provider's delays are awaited, not slept through."""
+    await asyncio.sleep(LATENCY)
+    reference = await sync_to_async(_take)(amount, currency, idempotency_key, description)
+    await asyncio.sleep(DELAY_AFTER_CHARGE)
+    return reference
+
+
+def _take(amount: int, currency: str, idempotency_key: str, description: str) -> str:
+    """Take the money, once per key, in the provider's own records."""
     from payments.models import ProviderCharge  # noqa: PLC0415 - models load after settings
 
-    time.sleep(LATENCY)
     record, _created = _elsewhere(
         lambda: ProviderCharge.objects.get_or_create(
             idempotency_key=idempotency_key,
@@ -111,7 +137,6 @@ def charge(amount: int, currency: str, *, idempotency_key: str, description: str
             },
         )
     )
-    time.sleep(DELAY_AFTER_CHARGE)
     return record.reference
 
 

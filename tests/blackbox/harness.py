@@ -1,6 +1,7 @@
-"""The example project served by gunicorn on a database of its own (PostgreSQL, or a SQLite
-file), and what the fault tests need around it: an HTTP client that can send what well-behaved
-clients do not, the effects counted in the database, and a Redis to freeze.
+"""The example project served by gunicorn, or by an ASGI server (uvicorn; gunicorn with uvicorn's
+workers), on a database of its own (PostgreSQL, or a SQLite file), and what the fault tests need
+around it: an HTTP client that can send what well-behaved clients do not, or hang up, the effects
+counted in the database, and a Redis to freeze.
 
 Every process started here is stopped by whoever started it; every wait has a bound.
 """
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -68,13 +70,19 @@ class Database:
         user = os.environ.get("PGUSER", "postgres")
         password = os.environ.get("PGPASSWORD", "")
         credentials = f"{user}:{password}" if password else user
+        # The tests read, count and terminate on the server itself.
         self.url = f"postgres://{credentials}@{host}:{port}/{name}"
         self.admin_url = f"postgres://{credentials}@{host}:{port}/postgres"
+        # The served project connects through the PgBouncer pass's pooler, if there is one.
+        self.pgbouncer_port = os.environ.get("TEST_PGBOUNCER_PORT")
+        served = f"127.0.0.1:{self.pgbouncer_port}" if self.pgbouncer_port else f"{host}:{port}"
+        self.served_url = f"postgres://{credentials}@{served}/{name}"
 
     @property
     def settings(self) -> dict[str, str]:
         """What tells the served project's settings to use this database."""
-        return {"DATABASE_URL": self.url}
+        pooled = {"BLACKBOX_BEHIND_PGBOUNCER": "1"} if self.pgbouncer_port else {}
+        return {"DATABASE_URL": self.served_url, **pooled}
 
     def create(self, env: dict[str, str]) -> None:
         """Create the database anew, migrate it and add the user the tests authenticate as."""
@@ -344,25 +352,43 @@ def children(pid: int) -> list[int]:
 
 
 class Server(Process):
-    """The example project under gunicorn: gthread workers, a timeout that kills no slow request."""
+    """The example project under gunicorn: gthread workers, a timeout that kills no slow request.
+
+    Subclasses serve it otherwise (``command``, ``workers``) with the same API, so that a test
+    can be parametrized over them.
+    """
 
     WORKERS, THREADS = 2, 4
+    name = "gunicorn (gthread)"
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
+        # The outbox sends the payment events back to this server's inbox, as to another service,
+        # unless the test gives it another address.
+        env = {"PAYMENT_EVENTS_URL": f"http://127.0.0.1:{self.port}/webhooks/payments/", **env}
+        super().__init__(self.command(), env=env, log=log, cwd=ROOT)
+        self.env = env
+
+    def command(self) -> list[str]:
+        return [
+            *self.gunicorn("example_project.wsgi:application"),
+            "--worker-class",
+            "gthread",
+            "--threads",
+            str(self.THREADS),
+        ]
+
+    def gunicorn(self, application: str) -> list[str]:
+        """gunicorn serving ``application`` on this server's port, with WORKERS workers."""
         command = [
             sys.executable,
             "-m",
             "gunicorn",
-            "example_project.wsgi:application",
+            application,
             "--bind",
             f"127.0.0.1:{self.port}",
-            "--worker-class",
-            "gthread",
             "--workers",
             str(self.WORKERS),
-            "--threads",
-            str(self.THREADS),
             # Longer than any test: a slow or frozen worker is never killed by gunicorn.
             "--timeout",
             "300",
@@ -375,16 +401,12 @@ class Server(Process):
         if _gunicorn_has_control_socket():
             # Its default path is one per user, shared with every other gunicorn of theirs.
             command.append("--no-control-socket")
-        # The outbox sends the payment events back to this server's inbox, as to another service,
-        # unless the test gives it another address.
-        env = {"PAYMENT_EVENTS_URL": f"http://127.0.0.1:{self.port}/webhooks/payments/", **env}
-        super().__init__(command, env=env, log=log, cwd=ROOT)
-        self.env = env
+        return command
 
     def wait_until_up(self) -> None:
         def answers() -> bool:
             if self.popen.poll() is not None:
-                msg = f"gunicorn exited with {self.popen.returncode}:\n{self.log()}"
+                msg = f"{self.name} exited with {self.popen.returncode}:\n{self.log()}"
                 raise AssertionError(msg)
             try:
                 self.send("GET", "/api/payments/", auth=False, timeout=1)
@@ -392,7 +414,7 @@ class Server(Process):
                 return False
             return len(self.workers()) == self.WORKERS
 
-        wait_for(answers, timeout=START_TIMEOUT, interval=0.1, what="gunicorn to answer")
+        wait_for(answers, timeout=START_TIMEOUT, interval=0.1, what=f"{self.name} to answer")
 
     def workers(self) -> list[int]:
         return children(self.pid)
@@ -405,12 +427,30 @@ class Server(Process):
         os.kill(pid, signal.SIGCONT)
 
     def kill(self, pid: int) -> None:
-        """Kill a worker as the OOM killer or an operator's ``kill -9`` does; gunicorn
+        """Kill a worker as the OOM killer or an operator's ``kill -9`` does; the server
         starts another in its place."""
         assert pid in self.workers(), f"{pid} is not one of this server's workers"
         os.kill(pid, signal.SIGKILL)
 
-    def send(
+    def worker_serving(self, request: PendingRequest) -> int:
+        """The worker that accepted ``request``'s connection (it holds the server's end)."""
+
+        def accepted() -> int | None:
+            inode = _socket_inode(self.port, request.local_port)
+            if inode is None:
+                return None
+            for pid in self.workers():
+                with contextlib.suppress(OSError):  # a worker that just exited
+                    for fd in Path(f"/proc/{pid}/fd").iterdir():
+                        with contextlib.suppress(OSError):
+                            if os.readlink(fd) == f"socket:[{inode}]":
+                                return pid
+            return None
+
+        pid: int = wait_for(accepted, timeout=REQUEST_TIMEOUT, what="a worker to accept")
+        return pid
+
+    def open_request(
         self,
         method: str,
         path: str,
@@ -421,8 +461,8 @@ class Server(Process):
         auth: bool = True,
         chunked: bool = False,
         timeout: float = REQUEST_TIMEOUT,
-    ) -> Answer:
-        """Send one request on a connection of its own.
+    ) -> PendingRequest:
+        """Send one request on a connection of its own; its answer is read later, or never.
 
         ``headers`` is a list: a name given twice goes on the wire as two header lines. A
         ``chunked`` body is sent with ``Transfer-Encoding: chunked`` and no ``Content-Length``.
@@ -450,15 +490,143 @@ class Server(Process):
                 connection.send(chunks(body or b""))
             elif body:
                 connection.send(body)
-            response = connection.getresponse()
-            return Answer(
-                response.status, response.headers, response.read(), time.monotonic() - started
-            )
-        finally:
+        except BaseException:
             connection.close()
+            raise
+        return PendingRequest(connection, started)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        key: str | None = None,
+        auth: bool = True,
+        chunked: bool = False,
+        timeout: float = REQUEST_TIMEOUT,
+    ) -> Answer:
+        """Send one request on a connection of its own, and read its answer (see
+        ``open_request``)."""
+        pending = self.open_request(
+            method,
+            path,
+            body,
+            headers=headers,
+            key=key,
+            auth=auth,
+            chunked=chunked,
+            timeout=timeout,
+        )
+        return pending.answer()
 
     def post_json(self, path: str, data: Any, **options: Any) -> Answer:
         return self.send("POST", path, json.dumps(data).encode(), **options)
+
+
+class PendingRequest:
+    """A request sent, whose answer is not read yet: read it, or hang up without it."""
+
+    def __init__(self, connection: http.client.HTTPConnection, started: float) -> None:
+        self.connection = connection
+        self.started = started
+        assert connection.sock is not None
+        self.local_port: int = connection.sock.getsockname()[1]
+
+    def answer(self) -> Answer:
+        """The answer; an ``OSError`` if the server hung up without one, or took too long."""
+        try:
+            response = self.connection.getresponse()
+            return Answer(
+                response.status, response.headers, response.read(), time.monotonic() - self.started
+            )
+        finally:
+            self.connection.close()
+
+    def hang_up(self) -> None:
+        """Close the connection without waiting for the answer, as a client that gave up does."""
+        self.connection.close()
+
+
+class GunicornUvicornServer(Server):
+    """The example project's ASGI application under gunicorn with uvicorn's worker class."""
+
+    name = "gunicorn (uvicorn workers)"
+
+    def command(self) -> list[str]:
+        return [
+            *self.gunicorn("example_project.asgi:application"),
+            "--worker-class",
+            uvicorn_worker_class(),
+        ]
+
+
+def uvicorn_worker_class() -> str:
+    """uvicorn's worker class for gunicorn: from the uvicorn-worker package, where it moved,
+    else from uvicorn itself (deprecated there since uvicorn 0.30)."""
+    if find_spec("uvicorn_worker") is not None:
+        return "uvicorn_worker.UvicornWorker"
+    return "uvicorn.workers.UvicornWorker"
+
+
+class UvicornServer(Server):
+    """The example project's ASGI application under uvicorn's own process manager, which starts
+    a worker in the place of one that died, as gunicorn's arbiter does.
+
+    It also kills a worker that does not answer its health check within
+    ``--timeout-worker-healthcheck`` seconds: do not ``freeze`` one for longer.
+    """
+
+    name = "uvicorn"
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "example_project.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(self.WORKERS),
+            # Django has no lifespan handler: without this uvicorn says so at every start.
+            "--lifespan",
+            "off",
+            "--timeout-graceful-shutdown",
+            "3",
+        ]
+
+    def workers(self) -> list[int]:
+        # Not multiprocessing's resource tracker, a child of the manager too.
+        return [pid for pid in children(self.pid) if b"spawn_main" in _command_line(pid)]
+
+
+ASGI_SERVERS: dict[str, type[Server]] = {
+    "uvicorn": UvicornServer,
+    "gunicorn+uvicorn": GunicornUvicornServer,
+}
+"""The ASGI servers the example is served with, by the name tests are parametrized with."""
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _socket_inode(local_port: int, remote_port: int) -> int | None:
+    """The inode of the loopback TCP socket from ``local_port`` to ``remote_port``, once a
+    process has accepted it (the kernel shows 0 before)."""
+    wanted = (f"0100007F:{local_port:04X}", f"0100007F:{remote_port:04X}")
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if (fields[1], fields[2]) == wanted and int(fields[9]):
+            return int(fields[9])
+    return None
 
 
 def _gunicorn_has_control_socket() -> bool:
