@@ -145,10 +145,25 @@ class DatabasePass:
 
 POSTGRESQL = answers("PGHOST", "PGPORT", 5432)
 # What psycopg2 changes (errors, notifications, how values reach the library): the store, the
-# leases, the inbox and the outbox, and their purges.
-DRIVER_BOUND = (
-    "store lease replays transactions purging inbox_receiving inbox_processing inbox_worker outbox"
-)
+# leases, the inbox and the outbox, their purges, and the fault tests of lost connections, killed
+# and frozen workers.
+DRIVER_BOUND = [
+    *(
+        f"tests/test_{name}.py"
+        for name in [
+            "store",
+            "lease",
+            "replays",
+            "transactions",
+            "purging",
+            "inbox_receiving",
+            "inbox_processing",
+            "inbox_worker",
+            "outbox",
+        ]
+    ),
+    *(f"tests/blackbox/test_{name}.py" for name in ["faults", "key_spellings", "slow_worker"]),
+]
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
     DatabasePass("PostgreSQL", "postgresql", POSTGRESQL),
@@ -158,7 +173,7 @@ DATABASE_PASSES = [
         POSTGRESQL,
         "psycopg2",
         environ=(("TEST_DATABASE", "postgresql"), ("TEST_PG_DRIVER", "psycopg2")),
-        selection=tuple(f"tests/test_{name}.py" for name in DRIVER_BOUND.split()),
+        selection=tuple(DRIVER_BOUND),
     ),
     DatabasePass(
         "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"

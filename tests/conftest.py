@@ -16,8 +16,7 @@ from tests.factories import UserFactory
 POSTGRESQL = os.environ.get("TEST_DATABASE") == "postgresql"
 MARIADB = os.environ.get("TEST_DATABASE") == "mariadb"
 CI = os.environ.get("CI", "").lower() == "true"
-# The psycopg2 pass (runtests.py) hides psycopg 3, with which the black-box tests' harness creates
-# its databases and serves the library: they run in the psycopg 3 pass.
+# The psycopg2 pass (runtests.py) hides psycopg 3, here and in the processes the tests start.
 PSYCOPG2 = os.environ.get("TEST_PG_DRIVER") == "psycopg2"
 # runtests.py's PgBouncer pass: the tests connect through a pooler in transaction mode, and the
 # "direct" alias to the server itself (tests/settings.py).
@@ -41,12 +40,6 @@ def redis_reachable() -> bool:
             return True
     except OSError:
         return False
-
-
-def pytest_ignore_collect(collection_path, config):
-    # By name: testing an installed wheel, this file is imported through another path than the
-    # one collected, which pytest's collect_ignore would compare.
-    return True if PSYCOPG2 and collection_path.name == "blackbox" else None
 
 
 # runtests.py runs the tests that touch no database in its first pass alone.

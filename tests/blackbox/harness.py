@@ -24,8 +24,12 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
-import psycopg
-from psycopg import sql
+try:
+    import psycopg as driver
+    from psycopg import sql
+except ImportError:  # the psycopg2 pass hides psycopg 3: the tests and the served project use 2
+    import psycopg2 as driver  # type: ignore[no-redef]
+    from psycopg2 import sql  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "example_project"
@@ -87,8 +91,7 @@ class Database:
     def create(self, env: dict[str, str]) -> None:
         """Create the database anew, migrate it and add the user the tests authenticate as."""
         self.drop()
-        with psycopg.connect(self.admin_url, autocommit=True) as connection:
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        run_sql(self.admin_url, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
         manage(env, "migrate", "--verbosity", "0")
         manage(
             env,
@@ -101,15 +104,11 @@ class Database:
         )
 
     def drop(self) -> None:
-        with psycopg.connect(self.admin_url, autocommit=True) as connection:
-            connection.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
-            )
+        drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(self.name))
+        run_sql(self.admin_url, drop)
 
-    def execute(self, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        with psycopg.connect(self.url, autocommit=True) as connection:
-            cursor = connection.execute(statement, params or None)
-            return cursor.fetchall() if cursor.description else []
+    def execute(self, statement: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return run_sql(self.url, statement, params)
 
     def empty(self) -> None:
         """Delete every payment, key, inbox event and outbox message; keep the user."""
@@ -121,9 +120,9 @@ class Database:
             )
         ]
         self.execute(
-            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE")
-            .format(sql.SQL(", ").join(map(sql.Identifier, tables)))
-            .as_string()
+            sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                sql.SQL(", ").join(map(sql.Identifier, tables))
+            )
         )
 
     def count(self, table: str, where: str = "TRUE", params: tuple[Any, ...] = ()) -> int:
@@ -151,6 +150,18 @@ class Database:
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
         return sum(1 for (terminated,) in rows if terminated)
+
+
+def run_sql(url: str, statement: Any, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run one statement in a connection of its own, in autocommit mode; return its rows."""
+    connection = driver.connect(url)
+    try:
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            cursor.execute(statement, params or None)
+            return cursor.fetchall() if cursor.description else []
+    finally:
+        connection.close()
 
 
 class SQLiteDatabase:

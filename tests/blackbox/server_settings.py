@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
+
+if os.environ.get("TEST_PG_DRIVER") == "psycopg2":
+    # runtests.py's psycopg2 pass: served as where psycopg 3 is not installed, as the tests run.
+    sys.modules["psycopg"] = None  # type: ignore[assignment]
 
 from example_project.settings import *  # noqa: F403
 

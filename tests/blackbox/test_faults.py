@@ -8,6 +8,7 @@ fix, the tests ask for a 4xx ``application/problem+json``; on effects they are e
 from __future__ import annotations
 
 import json
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -270,3 +271,16 @@ def test_nan_infinity_and_unstorable_text_are_4xx_and_the_corrected_retry_runs(s
     }
     assert (refused["payments"], refused["stored keys"]) == (0, 0), refused
     assert {name: retry.status for name, retry in retries.items()} == dict.fromkeys(answers, 201)
+
+
+def test_the_served_project_runs_on_the_driver_of_the_pass(database):
+    # runtests.py serves the fault tests with psycopg 3, and with psycopg2 in its psycopg2 pass.
+    driver = manage(
+        environment(database),
+        "shell",
+        "--verbosity",
+        "0",
+        "-c",
+        "from django.db import connection; print(connection.Database.__name__)",
+    )
+    assert driver.strip() == os.environ.get("TEST_PG_DRIVER", "psycopg")
