@@ -14,8 +14,9 @@ Tests that touch no database (no database fixture or mark) run in the first pass
 coverage of the passes is combined and checked once SQLite's, PostgreSQL's (both drivers) and
 MariaDB's have run.
 
-Arguments other than the options below are passed to pytest, in place of each pass's own choice
-of tests; given any, the example project's tests and the coverage floor are left out.
+Arguments other than the options below are passed to pytest. Tests named there (a file, a
+directory, a test's id) replace each pass's own choice of tests, and the example project's tests
+and the coverage floor are then left out; options (-x, --ignore=...) apply to every pass's choice.
 
   --installed        test the django-idempotency that is installed (the built wheel, as tox
                      installs it), not this checkout's source, which is then kept off sys.path.
@@ -300,6 +301,8 @@ def main(argv: list[str]) -> None:
     ci = os.environ.get("CI", "").lower() == "true"
     env, options_of_env = environment(options.installed)
     pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report=", *args]
+    # Tests named on the command line replace each pass's own choice; options add to it.
+    chose_tests = any(Path(arg.split("::")[0]).exists() for arg in args)
 
     ran: list[str] = []
     for database in chosen:
@@ -317,8 +320,8 @@ def main(argv: list[str]) -> None:
             print(f"\n{missing}: its tests were skipped.", flush=True)
             continue
         append = ["--cov-append"] if ran else []
-        # Given no tests to run, a pass runs those its database changes.
-        command = [*pytest, *append, *([] if args else database.selection)]
+        # Unless tests are named, a pass runs those its database changes.
+        command = [*pytest, *append, *([] if chose_tests else database.selection)]
         title = f"tests on {database.name}"
         environ = {**env, "TEST_DATABASE": database.database, **dict(database.environ)}
         if ran:
@@ -328,10 +331,10 @@ def main(argv: list[str]) -> None:
             run(title, command, ROOT, {**environ, **server_environ}, database.database)
         ran.append(database.database)
     if set(ran) >= COVERED_BY:
-        floor = [f"--fail-under={COVERAGE_FLOOR}"] if not args else []
+        floor = [f"--fail-under={COVERAGE_FLOOR}"] if not chose_tests else []
         coverage = [sys.executable, "-m", "coverage", "report", *floor]
         run(f"coverage of the {len(ran)} database passes", coverage, ROOT, env)
-    if not args:
+    if not chose_tests:
         example = [sys.executable, "-m", "pytest", "-q"]
         run("example project", example, ROOT / "example_project", env, "example")
 
