@@ -86,7 +86,8 @@ def payment_input(request: HttpRequest) -> dict[str, Any] | HttpResponse:
 def created(request: HttpRequest, payment: Payment) -> JsonResponse:
     """The 201 that tells of ``payment``, as the DRF view's."""
     body = PaymentSerializer(payment, context={"request": request}).data
-    return JsonResponse(body, status=201, headers={"Location": body["url"]})
+    # str(): the serializer's URL is DRF's Hyperlink, which WSGI servers refuse as a header.
+    return JsonResponse(body, status=201, headers={"Location": str(body["url"])})
 
 
 async def record_payment(request: HttpRequest, data: dict[str, Any], reference: str) -> Payment:

@@ -48,6 +48,8 @@ def test_an_async_payment_is_taken_once_and_replayed(path):
     assert second.content == first.content
     assert first.json()["id"] == Payment.objects.get().pk
     assert LedgerEntry.objects.get().amount == 1000
+    # A WSGI server takes headers of type str alone: runserver's refuses a subclass of it.
+    assert [type(value) for value in first.headers.values()] == [str] * len(first.headers)
 
 
 @pytest.mark.django_db
