@@ -1,18 +1,19 @@
 #!/usr/bin/env python
 """Run the test suite once per database, then the example project's tests.
 
-The database passes run in order (see DATABASE_PASSES): SQLite; then, when PostgreSQL answers on
-PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), PostgreSQL with psycopg 3, PostgreSQL with
-psycopg2 (which Django falls back to where psycopg 3 is not installed) on the tests of what the
-driver changes; MariaDB when one answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306,
-user root) and its driver, mysqlclient, is installed (the "mariadb" extra); and last PostgreSQL
-through a PgBouncer of the pass's own, in transaction pooling mode (Debian's pgbouncer package),
-on the races, the leases and the black-box fault tests. With CI=true a database server that
+The database passes (see DATABASE_PASSES): SQLite; when PostgreSQL answers on PGHOST:PGPORT
+(default 127.0.0.1:5432, user postgres), PostgreSQL with psycopg 3, PostgreSQL through a
+PgBouncer of the pass's own in transaction pooling mode (Debian's pgbouncer package) on the
+races, the leases and the black-box fault tests, and PostgreSQL with psycopg2 (which Django
+falls back to where psycopg 3 is not installed) on the tests of what the driver changes; MariaDB
+when one answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its
+driver, mysqlclient, is installed (the "mariadb" extra). With CI=true a database server that
 does not answer, or a missing driver or pgbouncer, is a failure, not a skip.
 
 Tests that touch no database (no database fixture or mark) run in the first pass alone. The
-coverage of the passes is combined and checked once SQLite's, PostgreSQL's (both drivers) and
-MariaDB's have run.
+passes run two at a time (--lanes), each on databases, Redis databases and a coverage file of its
+own; a pass's output is printed once it ends. The coverage of the passes is combined and checked
+once SQLite's, PostgreSQL's (both drivers) and MariaDB's have run.
 
 Arguments other than the options below are passed to pytest. Tests named there (a file, a
 directory, a test's id) replace each pass's own choice of tests, and the example project's tests
@@ -23,6 +24,8 @@ and the coverage floor are then left out; options (-x, --ignore=...) apply to ev
   --databases NAMES  run only these database passes, by name: "sqlite", "postgresql",
                      "psycopg2", "mariadb" or "pgbouncer", such as "sqlite,postgresql"
                      (default: all of them).
+  --lanes N          how many passes run at once (default 2; 1 runs them one after the other,
+                     their output printed as it comes).
 
 Deprecation warnings that django_idempotency's own modules cause are errors in every pass, also
 those raised while Django starts, before pytest's own filters apply.
@@ -45,15 +48,18 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Mapping
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = "django_idempotency"
@@ -142,6 +148,20 @@ class DatabasePass:
     selection: tuple[str, ...] = ()
     # Starts what the pass connects through, and gives more of its environment.
     server: Callable[[], contextlib.AbstractContextManager[dict[str, str]]] = no_server
+    # Keeps its PostgreSQL test database apart from another pass's on the same server.
+    pg_name_suffix: str = ""
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What keeps the pass apart from the others that run at the same time."""
+        index = DATABASE_PASSES.index(self)
+        return {
+            "TEST_PG_NAME": env.get("TEST_PG_NAME", "django_idempotency") + self.pg_name_suffix,
+            # Redis databases 15 and 14 for the first pass, 13 and 12 for the second, and so on.
+            "TEST_REDIS_CACHE_DB": str(15 - 2 * index),
+            "TEST_REDIS_CELERY_DB": str(14 - 2 * index),
+            # Combined with the other passes' once they have all run.
+            "COVERAGE_FILE": str(ROOT / f".coverage.{self.database}"),
+        }
 
 
 POSTGRESQL = answers("PGHOST", "PGPORT", 5432)
@@ -165,20 +185,10 @@ DRIVER_BOUND = [
     ),
     *(f"tests/blackbox/test_{name}.py" for name in ["faults", "key_spellings", "slow_worker"]),
 ]
+# In the order they start: the longest early, so that the lanes end together.
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
     DatabasePass("PostgreSQL", "postgresql", POSTGRESQL),
-    DatabasePass(
-        "PostgreSQL with psycopg2",
-        "psycopg2",
-        POSTGRESQL,
-        "psycopg2",
-        environ=(("TEST_DATABASE", "postgresql"), ("TEST_PG_DRIVER", "psycopg2")),
-        selection=tuple(DRIVER_BOUND),
-    ),
-    DatabasePass(
-        "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"
-    ),
     # A pooler changes what a connection and a session are: the races, the leases and the
     # black-box fault tests, through a PgBouncer in transaction pooling mode.
     DatabasePass(
@@ -189,6 +199,18 @@ DATABASE_PASSES = [
         selection=("-m", "server_db or postgresql or pgbouncer or pooled"),
         server=through_pgbouncer,
     ),
+    DatabasePass(
+        "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"
+    ),
+    DatabasePass(
+        "PostgreSQL with psycopg2",
+        "psycopg2",
+        POSTGRESQL,
+        "psycopg2",
+        environ=(("TEST_DATABASE", "postgresql"), ("TEST_PG_DRIVER", "psycopg2")),
+        selection=tuple(DRIVER_BOUND),
+        pg_name_suffix="_psycopg2",
+    ),
 ]
 
 # Each pytest pass writes a JUnit report here; the totals of them all are printed last.
@@ -196,9 +218,12 @@ REPORTS = Path(os.environ.get("TEST_REPORTS") or tempfile.mkdtemp(prefix="test-r
 REPORTS.mkdir(parents=True, exist_ok=True)
 
 
-def report_name(what: str) -> str:
-    """A new report's file name: in the order run, saying which Python and Django ran it."""
-    number = len(list(REPORTS.glob("*.xml"))) + 1
+def report_name(what: str, later: int = 0) -> str:
+    """A new report's file name, in the order started, saying which Python and Django ran it.
+
+    ``later``: how many reports, not yet written, are to come before it.
+    """
+    number = len(list(REPORTS.glob("*.xml"))) + later + 1
     python = ".".join(platform.python_version_tuple()[:2])
     return f"{number:02d}-py{python}-django{version('django')}-{what}.xml"
 
@@ -206,7 +231,7 @@ def report_name(what: str) -> str:
 def run(title: str, command: list[str], cwd: Path, env: dict[str, str], report: str = "") -> None:
     print(f"\n=== {title}", flush=True)
     if report:
-        command = [*command, f"--junitxml={REPORTS / report_name(report)}"]
+        command = [*command, f"--junitxml={REPORTS / report}"]
     completed = subprocess.run(command, cwd=cwd, env=env, check=False)
     if completed.returncode != 0:
         sys.exit(completed.returncode)
@@ -294,17 +319,48 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--installed", action="store_true")
     names = [database.database for database in DATABASE_PASSES]
     parser.add_argument("--databases", type=lambda given: given.split(","), default=names)
+    parser.add_argument("--lanes", type=int, default=2)
     options, args = parser.parse_known_args(argv)
     if unknown := set(options.databases) - set(names):
         parser.error(f"--databases: unknown {', '.join(sorted(unknown))}; known {', '.join(names)}")
-    chosen = [database for database in DATABASE_PASSES if database.database in options.databases]
-    ci = os.environ.get("CI", "").lower() == "true"
+    if options.lanes < 1:
+        parser.error("--lanes: at least 1")
     env, options_of_env = environment(options.installed)
     pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report=", *args]
     # Tests named on the command line replace each pass's own choice; options add to it.
     chose_tests = any(Path(arg.split("::")[0]).exists() for arg in args)
 
-    ran: list[str] = []
+    passes = reachable_passes([d for d in DATABASE_PASSES if d.database in options.databases])
+    runs = []
+    for number, database in enumerate(passes):
+        # Unless tests are named, a pass runs those its database changes.
+        command = [*pytest, *([] if chose_tests else database.selection)]
+        environ = {**env, **database.environment(env), "TEST_DATABASE": database.database}
+        environ.update(database.environ)
+        if number:
+            # The tests that touch no database ran in the first pass: once is enough.
+            environ["TEST_DATABASE_BOUND_ONLY"] = "1"
+        runs.append(PassRun(database, command, environ, report_name(database.database, number)))
+    for stale in ROOT.glob(".coverage*"):
+        stale.unlink()
+    run_all(runs, options.lanes)
+
+    ran = {run.database.database for run in runs}
+    if ran >= COVERED_BY:
+        combine = [sys.executable, "-m", "coverage", "combine", "-q"]
+        run("coverage: the passes' data combined", combine, ROOT, env)
+        floor = [f"--fail-under={COVERAGE_FLOOR}"] if not chose_tests else []
+        coverage = [sys.executable, "-m", "coverage", "report", *floor]
+        run(f"coverage of the {len(ran)} database passes", coverage, ROOT, env)
+    if not chose_tests:
+        example = [sys.executable, "-m", "pytest", "-q"]
+        run("example project", example, ROOT / "example_project", env, report_name("example"))
+
+
+def reachable_passes(chosen: list[DatabasePass]) -> list[DatabasePass]:
+    """The chosen passes whose server answers and whose driver is installed; with CI=true, all."""
+    ci = os.environ.get("CI", "").lower() == "true"
+    passes = []
     for database in chosen:
         if not database.reachable():
             if ci:
@@ -319,24 +375,72 @@ def main(argv: list[str]) -> None:
                 sys.exit(f"{missing}, and CI=true requires it.")
             print(f"\n{missing}: its tests were skipped.", flush=True)
             continue
-        append = ["--cov-append"] if ran else []
-        # Unless tests are named, a pass runs those its database changes.
-        command = [*pytest, *append, *([] if chose_tests else database.selection)]
-        title = f"tests on {database.name}"
-        environ = {**env, "TEST_DATABASE": database.database, **dict(database.environ)}
-        if ran:
-            # The tests that touch no database ran in the first pass: once is enough.
-            environ["TEST_DATABASE_BOUND_ONLY"] = "1"
-        with database.server() as server_environ:
-            run(title, command, ROOT, {**environ, **server_environ}, database.database)
-        ran.append(database.database)
-    if set(ran) >= COVERED_BY:
-        floor = [f"--fail-under={COVERAGE_FLOOR}"] if not chose_tests else []
-        coverage = [sys.executable, "-m", "coverage", "report", *floor]
-        run(f"coverage of the {len(ran)} database passes", coverage, ROOT, env)
-    if not chose_tests:
-        example = [sys.executable, "-m", "pytest", "-q"]
-        run("example project", example, ROOT / "example_project", env, "example")
+        passes.append(database)
+    return passes
+
+
+@dataclass(frozen=True)
+class PassRun:
+    """One pass, ready to run: its pytest command, its environment, its report's name."""
+
+    database: DatabasePass
+    command: list[str]
+    environ: dict[str, str]
+    report: str
+
+    @property
+    def title(self) -> str:
+        return f"tests on {self.database.name}"
+
+    def __call__(self, output: IO[str] | None) -> int:
+        """Run the pass, its output to ``output`` (or to ours); return pytest's exit status."""
+        started = time.monotonic()
+        with self.database.server() as server_environ:
+            completed = subprocess.run(
+                [*self.command, f"--junitxml={REPORTS / self.report}"],
+                cwd=ROOT,
+                env={**self.environ, **server_environ},
+                stdout=output,
+                stderr=subprocess.STDOUT if output else None,
+                check=False,
+            )
+        print(f"\n=== {self.title}: {time.monotonic() - started:.0f} s", flush=True)
+        return completed.returncode
+
+
+def run_all(runs: list[PassRun], lanes: int) -> None:
+    """Run the passes, ``lanes`` at a time; exit with the status of the first that failed.
+
+    Once one fails, no other starts. With more than one lane each pass's output is printed
+    whole once it ends, so that two passes' lines do not mix.
+    """
+    if lanes == 1:
+        for one in runs:
+            print(f"\n=== {one.title}", flush=True)
+            if status := one(None):
+                sys.exit(status)
+        return
+    failed: list[int] = []
+    printing = threading.Lock()
+
+    def lane(one: PassRun) -> None:
+        if failed:
+            return
+        with tempfile.TemporaryFile("w+") as output:
+            print(f"\n=== {one.title}: started", flush=True)
+            status = one(output)
+            output.seek(0)
+            with printing:
+                print(f"\n=== {one.title}", flush=True)
+                shutil.copyfileobj(output, sys.stdout)
+                sys.stdout.flush()
+        if status:
+            failed.append(status)
+
+    with ThreadPoolExecutor(max_workers=lanes) as executor:
+        list(executor.map(lane, runs))
+    if failed:
+        sys.exit(failed[0])
 
 
 if __name__ == "__main__":
