@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import types
 import uuid
 
 import pytest
@@ -26,6 +27,7 @@ from tests.libraries import IMPORTED_BY, without
         ("ninja", "ninja", "ninja"),
         ("tasks", "celery", "celery"),
         ("celery", "celery", "celery"),
+        ("brokers", "kombu", "brokers"),
         ("client", "tenacity", "client"),
         ("operations.metrics", "prometheus_client", "metrics"),
         ("operations.tracing", "opentelemetry", "tracing"),
@@ -189,6 +191,7 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
         "django_idempotency.ninja": "ninja",
         "django_idempotency.tasks": "celery",
         "django_idempotency.celery": "celery",
+        "django_idempotency.brokers": "brokers",
         "django_idempotency.client": "client",
         "django_idempotency.operations.metrics": "metrics",
         "django_idempotency.operations.tracing": "tracing",
@@ -200,3 +203,11 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
             assert result == "imported", (module, result)
     assert {"django_idempotency.admin", "django_idempotency.testing"} <= set(outcome)
     assert set(needs) <= set(outcome)
+
+
+def test_installed_answers_true_for_a_library_that_replaced_its_module(monkeypatch):
+    # kombu and celery, once imported, replace their module with one whose __spec__ is None.
+    replaced = types.ModuleType("replaced_library")
+    assert replaced.__spec__ is None
+    monkeypatch.setitem(sys.modules, "replaced_library", replaced)
+    assert installed("replaced_library")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from django.core.exceptions import ImproperlyConfigured
@@ -21,6 +22,7 @@ class Extra(NamedTuple):
 EXTRAS: dict[str, Extra] = {
     "drf": Extra("rest_framework", "djangorestframework"),
     "celery": Extra("celery", "celery"),
+    "brokers": Extra("kombu", "kombu"),
     "client": Extra("tenacity", "tenacity"),
     "openapi": Extra("drf_spectacular", "drf-spectacular"),
     "ninja": Extra("ninja", "django-ninja"),
@@ -37,6 +39,12 @@ def installed(module: str) -> bool:
     name = ""
     for part in module.split("."):
         name = f"{name}.{part}" if name else part
+        if name in sys.modules:
+            # Imported already (kombu and celery then replace their module with one whose
+            # __spec__ is None), or blocked by a None.
+            if sys.modules[name] is None:
+                return False
+            continue
         try:
             if importlib.util.find_spec(name) is None:
                 return False
