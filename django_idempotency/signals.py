@@ -62,7 +62,8 @@ inbox_event_processed = Signal()
 #: An attempt failed (``error``: the exception); the event is retried at ``event.next_attempt_at``.
 inbox_event_failed = Signal()
 #: The event failed ``INBOX_MAX_ATTEMPTS`` times and is retried no more; ``error`` is the last
-#: exception, or ``None`` when the worker died during the last attempt.
+#: exception, or ``None`` when the worker died during the last attempt. A broker message that
+#: cannot be processed at all (it has no id) is dead at once, ``error`` a ``PermanentError``.
 inbox_event_dead = Signal()
 #: A delivery was refused before anything was recorded: sent with ``sender`` set to the receiver
 #: view's class, ``source`` and ``reason`` (the problem's code, e.g. ``inbox.signature_invalid``).

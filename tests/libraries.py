@@ -12,6 +12,7 @@ IMPORTED_BY = {
     "drf_spectacular": ("openapi",),
     "ninja": ("ninja",),
     "celery": ("tasks", "celery"),
+    "kombu": ("brokers",),
     "tenacity": ("client",),
     "httpx": ("client",),
     "requests": ("client",),

@@ -216,17 +216,30 @@ def _claim(
     return event
 
 
+def process_recorded(
+    event: InboxEvent, using: str, *, now: datetime, random: Callable[[], float] = random.random
+) -> ProcessResult:
+    """Attempt ``event`` in the transaction that has just recorded it (a broker consumer's).
+
+    That transaction holds the new row's lock, and no one else sees the row before it
+    commits: the attempt is counted and the handler run at once, and the outcome commits
+    with the record, or neither does. A failure is retried on the inbox's schedule.
+    """
+    policy = RetrySchedule.from_settings("INBOX")
+    event.status = Status.PROCESSING
+    event.attempts += 1
+    event.next_attempt_at = now + timedelta(seconds=policy.retry_delay(event.attempts, random))
+    event.save(update_fields=["status", "attempts", "next_attempt_at"])
+    with correlation.bind(correlation.from_headers(event.headers)):
+        return _run_handler(event, using)
+
+
 def _attempt(event: InboxEvent, using: str) -> ProcessResult:
     # The handler's log records, and ours, carry the id the event was delivered with.
-    with correlation.bind(correlation.from_headers(event.headers)):
-        return _attempt_bound(event, using)
-
-
-def _attempt_bound(event: InboxEvent, using: str) -> ProcessResult:
-    handler = get_handler(event.source, event.event_type)
-    started = time.monotonic()
-    error: Exception | None = None
-    with write_transaction(InboxEvent, using):
+    with (
+        correlation.bind(correlation.from_headers(event.headers)),
+        write_transaction(InboxEvent, using),
+    ):
         mine = (
             InboxEvent.objects.using(using)
             # The lock is this attempt's sign of life. Where duplicate deliveries lock the row
@@ -238,40 +251,42 @@ def _attempt_bound(event: InboxEvent, using: str) -> ProcessResult:
         if not mine.exists():
             # Between our two transactions another worker took the event over.
             return ProcessResult.SKIPPED
-        try:
-            with transaction.atomic(using=using):
-                if handler is not None:
-                    handler(event)
-                elif not handles_source(event.source):
-                    # Most likely the handlers' module was not imported in this process:
-                    # fail, so that the event is retried, rather than lose it as processed.
-                    raise ImproperlyConfigured(_no_handlers(event.source))
-        except Exception as exc:  # the handler's errors are data: recorded, then retried
-            error = exc
-            outcome = (
-                ProcessResult.DEAD
-                if RetrySchedule.from_settings("INBOX").gives_up(event.attempts, exc)
-                else ProcessResult.FAILED
-            )
-            event.status = Status(outcome.value)
-            if outcome is ProcessResult.DEAD:
-                event.next_attempt_at = None
-            event.last_error = error_text(exc)
-            event.last_traceback = traceback.format_exc()
-        else:
-            outcome = ProcessResult.PROCESSED
-            event.status, event.next_attempt_at = Status.PROCESSED, None
-            event.processed_at = timezone.now()
-        event.save(
-            update_fields=[
-                "status",
-                "next_attempt_at",
-                "processed_at",
-                "last_error",
-                "last_traceback",
-            ]
+        return _run_handler(event, using)
+
+
+def _run_handler(event: InboxEvent, using: str) -> ProcessResult:
+    """Run the handler in a savepoint of the attempt's transaction, and record the outcome."""
+    handler = get_handler(event.source, event.event_type)
+    started = time.monotonic()
+    error: Exception | None = None
+    try:
+        with transaction.atomic(using=using):
+            if handler is not None:
+                handler(event)
+            elif not handles_source(event.source):
+                # Most likely the handlers' module was not imported in this process: fail, so
+                # that the event is retried, rather than lose it as processed.
+                raise ImproperlyConfigured(_no_handlers(event.source))
+    except Exception as exc:  # the handler's errors are data: recorded, then retried
+        error = exc
+        outcome = (
+            ProcessResult.DEAD
+            if RetrySchedule.from_settings("INBOX").gives_up(event.attempts, exc)
+            else ProcessResult.FAILED
         )
-        _report(event, outcome, error, using, time.monotonic() - started)
+        event.status = Status(outcome.value)
+        if outcome is ProcessResult.DEAD:
+            event.next_attempt_at = None
+        event.last_error = error_text(exc)
+        event.last_traceback = traceback.format_exc()
+    else:
+        outcome = ProcessResult.PROCESSED
+        event.status, event.next_attempt_at = Status.PROCESSED, None
+        event.processed_at = timezone.now()
+    event.save(
+        update_fields=["status", "next_attempt_at", "processed_at", "last_error", "last_traceback"]
+    )
+    _report(event, outcome, error, using, time.monotonic() - started)
     return outcome
 
 

@@ -25,12 +25,14 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import canonical
 from django_idempotency.core.counting import Count, DeferredCounts
 from django_idempotency.core.databases import Names
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.processing import (
     CHANNEL,
     DISPATCH_GRACE,
     ProcessResult,
     dispatch,
     log_fields,
+    process_recorded,
 )
 from django_idempotency.models import InboxEvent
 from django_idempotency.operations import correlation
@@ -66,15 +68,22 @@ def receive(
     *,
     headers: Mapping[str, str] | None = None,
     now: datetime | None = None,
+    handle_now: bool = False,
 ) -> Receipt:
     """Record an event once, and dispatch it when the caller's transaction commits.
 
     An ``event_id`` of ``None`` dedupes the event by its payload hash. A duplicate is not
     recorded or dispatched again. With the "database" runner the event is left, due at once,
-    to the workers.
+    to the workers. ``handle_now`` processes a new event here instead, in the caller's
+    transaction: its handler's writes commit with the record, or neither does (a broker
+    consumer's way, which acknowledges the message once that commits).
     """
     now = now or timezone.now()
-    to_workers = idempotency_settings.INBOX_RUNNER == "database"
+    to_workers = idempotency_settings.INBOX_RUNNER == "database" and not handle_now
+    using = router.db_for_write(InboxEvent)
+    if handle_now and not connections[using].in_atomic_block:
+        msg = "receive(handle_now=True) runs in the caller's transaction: open one."
+        raise transaction.TransactionManagementError(msg)
     digest = payload_hash(payload)
     event = InboxEvent(
         source=source,
@@ -89,7 +98,6 @@ def receive(
         # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
-    using = router.db_for_write(InboxEvent)
     pk, inserted, recorded_hash = _record(event, using, wake=to_workers)
     if not inserted:
         return _duplicate(event, pk, recorded_hash, using)
@@ -97,6 +105,8 @@ def receive(
     event._state.adding = False
     event._state.db = using
     receipt = Receipt(event, created=True)
+    if handle_now:
+        receipt.outcome = process_recorded(event, using, now=now)
 
     def after_commit() -> None:
         if logger.isEnabledFor(logging.INFO):
@@ -107,7 +117,7 @@ def receive(
                 extra=log_fields(event, "received"),
             )
         signals.send_robustly(signals.inbox_event_received, InboxEvent, event=event)
-        if to_workers:
+        if to_workers or handle_now:
             return
         try:
             receipt.outcome = dispatch(event.pk)
@@ -118,6 +128,58 @@ def receive(
 
     transaction.on_commit(after_commit, using=using)
     return receipt
+
+
+def refuse(
+    source: str,
+    event_type: str,
+    payload: Any,
+    reason: str,
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+) -> Receipt:
+    """Record an event that cannot be processed, dead at once with ``reason``.
+
+    It has no id to dedupe on (a broker message without one), so it is recorded once by its
+    payload hash, and never processed: a person reads the reason in the admin, and may
+    reprocess it.
+    """
+    digest = payload_hash(payload)
+    event = InboxEvent(
+        source=source,
+        event_id=f"sha256:{digest}",
+        event_type=event_type,
+        payload=payload,
+        payload_hash=digest,
+        headers=correlation.without_invalid(headers or {}),
+        received_at=now or timezone.now(),
+        status=InboxEvent.Status.DEAD,
+        next_attempt_at=None,
+        last_error=reason,
+    )
+    using = router.db_for_write(InboxEvent)
+    pk, inserted, recorded_hash = _record(event, using)
+    if not inserted:
+        return _duplicate(event, pk, recorded_hash, using)
+    event.pk = pk
+    event._state.adding = False
+    event._state.db = using
+
+    def after_commit() -> None:
+        logger.error(
+            "refused inbox event %s from %s: %s",
+            event.event_id,
+            source,
+            reason,
+            extra=log_fields(event, "dead"),
+        )
+        signals.send_robustly(
+            signals.inbox_event_dead, InboxEvent, event=event, error=PermanentError(reason)
+        )
+
+    transaction.on_commit(after_commit, using=using)
+    return Receipt(event, created=True, outcome=ProcessResult.DEAD)
 
 
 def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -> Receipt:

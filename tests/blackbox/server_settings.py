@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import timedelta
 
 if os.environ.get("TEST_PG_DRIVER") == "psycopg2":
     # runtests.py's psycopg2 pass: served as where psycopg 3 is not installed, as the tests run.
@@ -26,6 +27,12 @@ if sqlite_path := os.environ.get("BLACKBOX_SQLITE_PATH"):
 # Through the PgBouncer of runtests.py's PgBouncer pass, set as the installation guide says.
 if os.environ.get("BLACKBOX_BEHIND_PGBOUNCER"):
     DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True  # noqa: F405
+
+# The outbox retries a failed dispatch within this many seconds, not 30: a test that stops the
+# broker does not wait for the default schedule.
+if retry_delay := os.environ.get("BLACKBOX_OUTBOX_RETRY_DELAY"):
+    IDEMPOTENCY["OUTBOX_RETRY_DELAY"] = timedelta(seconds=float(retry_delay))  # noqa: F405
+    IDEMPOTENCY["OUTBOX_RETRY_MAX_DELAY"] = timedelta(seconds=20 * float(retry_delay))  # noqa: F405
 
 # A 500 must look like one, not like Django's debug page.
 DEBUG = False
