@@ -2,13 +2,15 @@
 """Outbox relay throughput on PostgreSQL: messages per second, with one relay and with three.
 
 Fills the outbox with N pending messages, then times relays (separate processes) until every
-message is dispatched, and prints the rates as a Markdown table. Two dispatchers:
-  noop     does nothing: what the relay itself costs (claim, lease, mark)
-  webhook  the WebhookDispatcher, signing each message and POSTing it to a loopback server
-           that answers 204 at once
+message is dispatched, and prints the rates as a Markdown table. The dispatchers:
+  noop       does nothing: what the relay itself costs (claim, lease, mark)
+  webhook    the WebhookDispatcher, signing each message and POSTing it to a loopback server
+             that answers 204 at once
+  broker     the BrokerDispatcher, publishing to RabbitMQ with publisher confirms
+  unconfirmed  the same without confirms
 
 Usage: python benchmarks/outbox.py [--messages N] [--relays 1 3] [--batch-size N]
-(PGHOST/PGPORT/PGUSER as usual)
+(PGHOST/PGPORT/PGUSER as usual; RabbitMQ at BENCH_AMQP_URL, default the local one)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import http.server
 import multiprocessing
+import os
 import sys
 import threading
 import time
@@ -40,7 +43,12 @@ FILL_SQL = (
 DISPATCHERS = {
     "noop": "none (the relay's own cost: claim, lease, mark)",
     "webhook": "`WebhookDispatcher` to a loopback server that answers 204",
+    "broker": "`BrokerDispatcher` to RabbitMQ, with publisher confirms",
+    "unconfirmed": "`BrokerDispatcher` to RabbitMQ, without confirms",
 }
+AMQP_URL = os.environ.get("BENCH_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+# The exchange the broker dispatchers publish to, and the queue bound to it that keeps them.
+EXCHANGE, QUEUE = "idempotency-bench-outbox", "idempotency-bench-outbox"
 
 
 def run_relay(dispatcher: str, url: str, batch_size: int, ready: object, go: object) -> None:
@@ -50,8 +58,15 @@ def run_relay(dispatcher: str, url: str, batch_size: int, ready: object, go: obj
 
     if dispatcher == "noop":
         register_dispatcher("bench.noop", lambda message: None)
-    else:
+    elif dispatcher == "webhook":
         register_dispatcher("bench.webhook", WebhookDispatcher(url, ["whsec_YmVuY2htYXJr"]))
+    else:
+        from django_idempotency.brokers import BrokerDispatcher  # noqa: PLC0415
+
+        confirm = dispatcher == "broker"
+        register_dispatcher(
+            f"bench.{dispatcher}", BrokerDispatcher(AMQP_URL, EXCHANGE, confirm=confirm)
+        )
     ready.release()  # type: ignore[attr-defined]
     go.wait()  # type: ignore[attr-defined]
     relay(batch_size=batch_size)
@@ -117,8 +132,25 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def broker_queue(action: str) -> None:
+    """Declare the benchmark's queue, bound to its exchange, or delete both."""
+    from kombu import Connection, Exchange, Queue  # noqa: PLC0415
+
+    exchange = Exchange(EXCHANGE, type="topic", durable=True)
+    with Connection(AMQP_URL) as connection:
+        queue = Queue(QUEUE, exchange, routing_key="#", durable=True)(connection.default_channel)
+        if action == "declare":
+            queue.declare()
+        else:
+            queue.delete()
+            exchange(connection.default_channel).delete()
+
+
 def measure(args: argparse.Namespace) -> dict[str, dict[int, float]]:
     """Messages per second of each dispatcher with each number of relays."""
+    brokers = {"broker", "unconfirmed"} & set(args.dispatchers)
+    if brokers:
+        broker_queue("declare")
     recreate_database(DATABASE)
     receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
     threading.Thread(target=receiver.serve_forever, daemon=True).start()
@@ -137,6 +169,8 @@ def measure(args: argparse.Namespace) -> dict[str, dict[int, float]]:
     finally:
         receiver.shutdown()
         drop_database(DATABASE)
+        if brokers:
+            broker_queue("delete")
 
 
 def report(rates: dict[str, dict[int, float]], args: argparse.Namespace) -> str:

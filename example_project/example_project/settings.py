@@ -212,6 +212,13 @@ PAYMENT_EVENTS_SECRETS = os.environ.get(
     "PAYMENT_EVENTS_SECRETS", "whsec_ZXhhbXBsZS1wcm9qZWN0LW9ubHk="
 ).split(",")
 
+# With PAYMENT_EVENTS_BROKER_URL set (amqp://... or redis://...), the outbox publishes the payment
+# events to that broker's "payment-events" exchange instead, and another service (here: this
+# project again) consumes them from its own queue:
+#   manage.py idempotency_consume payment-receipts --broker "$PAYMENT_EVENTS_BROKER_URL" \
+#       --exchange payment-events --routing-key "payment.*" --source payments
+PAYMENT_EVENTS_BROKER_URL = os.environ.get("PAYMENT_EVENTS_BROKER_URL", "")
+
 # The secrets the provider signs its webhooks with: the current one first, then the one it
 # replaces while a rotation is under way.
 PROVIDER_WEBHOOK_SECRETS = os.environ.get(

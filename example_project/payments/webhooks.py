@@ -1,7 +1,8 @@
 """Webhooks: the provider's, and our own payment events, received into the inbox and handled once.
 
-Our payment events leave through the outbox (see views.record_capture) and come back here over
-HTTP, as they would reach another service of ours.
+Our payment events leave through the outbox (see views.record_capture) and come back here, as
+they would reach another service of ours: over HTTP, or through a message broker when
+PAYMENT_EVENTS_BROKER_URL is set (consumed by ``manage.py idempotency_consume``).
 """
 
 from __future__ import annotations
@@ -57,20 +58,33 @@ class PaymentEventsWebhook(WebhookReceiverView):
     verifier = StandardWebhooksSignature(lambda: settings.PAYMENT_EVENTS_SECRETS)
 
 
-register_dispatcher(
-    "payment.captured",
-    WebhookDispatcher(
-        lambda: settings.PAYMENT_EVENTS_URL,
-        lambda: settings.PAYMENT_EVENTS_SECRETS,
-        # A few quick retries; after that, the outbox's own schedule retries.
-        policy=RetryPolicy(max_attempts=3, deadline=5.0),
-    ),
-)
+#: The exchange the payment events are published to, when a broker carries them.
+PAYMENT_EVENTS_EXCHANGE = "payment-events"
+
+if settings.PAYMENT_EVENTS_BROKER_URL:
+    from django_idempotency.brokers import BrokerDispatcher
+
+    register_dispatcher(
+        "payment.captured",
+        BrokerDispatcher(
+            settings.PAYMENT_EVENTS_BROKER_URL, PAYMENT_EVENTS_EXCHANGE, source="payments"
+        ),
+    )
+else:
+    register_dispatcher(
+        "payment.captured",
+        WebhookDispatcher(
+            lambda: settings.PAYMENT_EVENTS_URL,
+            lambda: settings.PAYMENT_EVENTS_SECRETS,
+            # A few quick retries; after that, the outbox's own schedule retries.
+            policy=RetryPolicy(max_attempts=3, deadline=5.0),
+        ),
+    )
 
 
 @inbox_handler("payments", "payment.captured")
 def payment_captured(event):
-    """E-mail the receipt of a captured payment."""
+    """E-mail the receipt of a captured payment: delivered by webhook or by the broker."""
     time.sleep(HANDLER_DELAY)
     ReceiptEmail.objects.create(
         payment_id=event.payload["data"]["payment"], event_id=event.event_id

@@ -7,13 +7,16 @@ effect counts every row the story created, table by table, as the admin then lis
 from __future__ import annotations
 
 import json
+import uuid
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from django.test import Client
 from django.utils import timezone
+from kombu import Connection, Exchange, Queue, binding
 
 from django_idempotency import signals
+from django_idempotency.brokers import BrokerDispatcher, MessageConsumer
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.inbox import StripeSignature
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
@@ -44,6 +47,7 @@ from payments.models import (
 )
 from payments.tasks import send_receipt
 from payments.views import WorkerDied
+from payments.webhooks import PAYMENT_EVENTS_EXCHANGE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -382,6 +386,47 @@ def receipt_task(host: str) -> Story:
     return story
 
 
+def broker_redelivery(host: str) -> Story:
+    story, marks = Story("m. 3 broker deliveries"), Marks.now()
+    payment = Api("alice", host).post(PAYMENTS, payment_data(2200, "broker"), new_key())
+    story.exchange("POST payment 2200 eur, a key", payment.describe())
+    # An in-memory broker stands for RabbitMQ here; the code is the same.
+    exchange = Exchange(PAYMENT_EVENTS_EXCHANGE, type="topic")
+    queue = Queue(f"receipts-{uuid.uuid4().hex}", [binding(exchange, routing_key="payment.*")])
+    with Connection("memory://") as connection:
+        queue(connection.default_channel).declare()
+    event = OutboxMessage(
+        message_id=uuid.uuid4(),
+        topic="payment.captured",
+        payload={"payment": payment.data.get("id")},
+        created_at=timezone.now(),
+    )
+    publisher = BrokerDispatcher("memory://", exchange, source="payments")
+    for _ in range(3):  # a relay that died twice before marking it sent
+        publisher(event)
+    publisher.close()
+    story.exchange("payment.captured published 3 times", "the broker delivers 3")
+    duplicates: list[bool] = []
+
+    def count_duplicate(**kwargs: Any) -> None:
+        duplicates.append(True)
+
+    signals.inbox_event_duplicate.connect(count_duplicate)
+    try:
+        consumer = MessageConsumer(Connection("memory://"), [queue], source="payments")
+        for _ in consumer.consume(limit=3, timeout=5):
+            pass
+    finally:
+        signals.inbox_event_duplicate.disconnect(count_duplicate)
+    story.exchange("the consumer takes all 3", f"handled once, {len(duplicates)} duplicates")
+    story.effect = marks.effect()
+    story.expect(payment.status == 201, "payment not created")
+    story.expect(len(duplicates) == 2, "the repeats were not duplicates")
+    story.expect(len(marks.new(InboxEvent)) == 1, "not exactly one inbox event")
+    story.expect(len(marks.new(ReceiptEmail)) == 1, "the receipt was not e-mailed exactly once")
+    return story
+
+
 STORIES: list[Callable[[str], Story]] = [
     double_click,
     lost_response,
@@ -395,4 +440,5 @@ STORIES: list[Callable[[str], Story]] = [
     outbox_to_inbox,
     lost_update,
     receipt_task,
+    broker_redelivery,
 ]
