@@ -1,30 +1,35 @@
 #!/usr/bin/env python
 """Run the test suite once per database, then the example project's tests.
 
-The database passes (see DATABASE_PASSES): SQLite; when PostgreSQL answers on PGHOST:PGPORT
-(default 127.0.0.1:5432, user postgres), PostgreSQL with psycopg 3, PostgreSQL through a
-PgBouncer of the pass's own in transaction pooling mode (Debian's pgbouncer package) on the
-races, the leases and the black-box fault tests, and PostgreSQL with psycopg2 (which Django
-falls back to where psycopg 3 is not installed) on the tests of what the driver changes; MariaDB
-when one answers on MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root) and its
-driver, mysqlclient, is installed (the "mariadb" extra). With CI=true a database server that
-does not answer, or a missing driver or pgbouncer, is a failure, not a skip.
+The database passes (see DATABASE_PASSES), by their names for --databases:
 
-Tests that touch no database (no database fixture or mark) run in the first pass alone. The
-passes run two at a time (--lanes), each on databases, Redis databases and a coverage file of its
-own; a pass's output is printed once it ends. The coverage of the passes is combined and checked
-once SQLite's, PostgreSQL's (both drivers) and MariaDB's have run.
+  sqlite      every test, those that touch no database included (they run in this pass alone)
+  faults      the fault tests (tests/blackbox/): the example project served on PostgreSQL
+  pgbouncer   the races, the leases and the fault tests through a PgBouncer of the pass's own,
+              in transaction pooling mode (Debian's pgbouncer package)
+  postgresql  every other test that touches a database, on PostgreSQL with psycopg 3
+  mariadb     every test that touches a database, on MariaDB (the "mariadb" extra's mysqlclient)
+  psycopg2    the tests of what the driver changes, on PostgreSQL with psycopg2 (which Django
+              falls back to where psycopg 3 is not installed)
+
+PostgreSQL is looked for on PGHOST:PGPORT (default 127.0.0.1:5432, user postgres), MariaDB on
+MARIADB_HOST:MARIADB_PORT (default 127.0.0.1:3306, user root); a pass whose server does not
+answer, or whose driver is missing, is skipped, and with CI=true fails the run.
+
+The passes run three at a time (--lanes), each on test databases, Redis databases and a
+coverage file of its own; a pass's output is printed once it ends. The coverage of the passes is
+combined and checked once SQLite's, PostgreSQL's (both drivers) and MariaDB's have run.
 
 Arguments other than the options below are passed to pytest. Tests named there (a file, a
-directory, a test's id) replace each pass's own choice of tests, and the example project's tests
-and the coverage floor are then left out; options (-x, --ignore=...) apply to every pass's choice.
+directory, a test's id) replace each pass's own choice of tests (a fault test runs in the faults
+and pgbouncer passes, not in postgresql's), and the example project's tests and the coverage
+floor are then left out; options (-x, --ignore=...) apply to every pass's choice.
 
   --installed        test the django-idempotency that is installed (the built wheel, as tox
                      installs it), not this checkout's source, which is then kept off sys.path.
-  --databases NAMES  run only these database passes, by name: "sqlite", "postgresql",
-                     "psycopg2", "mariadb" or "pgbouncer", such as "sqlite,postgresql"
-                     (default: all of them).
-  --lanes N          how many passes run at once (default 2; 1 runs them one after the other,
+  --databases NAMES  run only these passes, by name, such as "sqlite,postgresql" (default:
+                     all of them).
+  --lanes N          how many passes run at once (default 3; 1 runs them one after the other,
                      their output printed as it comes).
 
 Deprecation warnings that django_idempotency's own modules cause are errors in every pass, also
@@ -146,10 +151,36 @@ class DatabasePass:
     environ: tuple[tuple[str, str], ...] = ()  # more of the pass's environment
     # Which tests, when not all of them: what this pass changes.
     selection: tuple[str, ...] = ()
+    # The pass's tests are those under this directory (a test named there runs in it alone)...
+    within: str = ""
+    # ... or all but those (a test named there does not run in it).
+    without: str = ""
     # Starts what the pass connects through, and gives more of its environment.
     server: Callable[[], contextlib.AbstractContextManager[dict[str, str]]] = no_server
     # Keeps its PostgreSQL test database apart from another pass's on the same server.
     pg_name_suffix: str = ""
+
+    @property
+    def choice(self) -> tuple[str, ...]:
+        """The pytest arguments that choose the pass's tests."""
+        if self.within:
+            return (*self.selection, self.within)
+        if self.without:
+            return (*self.selection, f"--ignore={self.without}")
+        return self.selection
+
+    def tests(self, named: list[str]) -> list[str]:
+        """Those of the ``named`` tests that this pass runs."""
+
+        def inside(test: str) -> bool:
+            directory = ROOT / (self.within or self.without)
+            return Path(test.split("::", maxsplit=1)[0]).resolve().is_relative_to(directory)
+
+        if self.within:
+            return [test for test in named if inside(test)]
+        if self.without:
+            return [test for test in named if not inside(test)]
+        return named
 
     def environment(self, env: Mapping[str, str]) -> dict[str, str]:
         """What keeps the pass apart from the others that run at the same time."""
@@ -188,17 +219,28 @@ DRIVER_BOUND = [
 # In the order they start: the longest early, so that the lanes end together.
 DATABASE_PASSES = [
     DatabasePass("SQLite", "sqlite"),
-    DatabasePass("PostgreSQL", "postgresql", POSTGRESQL),
+    # PostgreSQL's tests in two passes, which run at the same time: the fault tests, which serve
+    # the example project in processes of their own, and the rest.
+    DatabasePass(
+        "PostgreSQL: the fault tests, the example project served",
+        "faults",
+        POSTGRESQL,
+        environ=(("TEST_DATABASE", "postgresql"),),
+        within="tests/blackbox",
+        pg_name_suffix="_faults",
+    ),
     # A pooler changes what a connection and a session are: the races, the leases and the
     # black-box fault tests, through a PgBouncer in transaction pooling mode.
     DatabasePass(
         "PostgreSQL through PgBouncer",
         "pgbouncer",
         lambda: POSTGRESQL() and shutil.which("pgbouncer", path=PGBOUNCER_PATH) is not None,
-        environ=(("TEST_DATABASE", "postgresql"),),
         selection=("-m", "server_db or postgresql or pgbouncer or pooled"),
         server=through_pgbouncer,
+        # The broker fault test, at a fifth of its size: what the pooler changes shows at 200.
+        environ=(("TEST_DATABASE", "postgresql"), ("TEST_BROKER_PAYMENTS", "200")),
     ),
+    DatabasePass("PostgreSQL", "postgresql", POSTGRESQL, without="tests/blackbox"),
     DatabasePass(
         "MariaDB", "mariadb", answers("MARIADB_HOST", "MARIADB_PORT", 3306), "MySQLdb", "mariadb"
     ),
@@ -319,22 +361,25 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--installed", action="store_true")
     names = [database.database for database in DATABASE_PASSES]
     parser.add_argument("--databases", type=lambda given: given.split(","), default=names)
-    parser.add_argument("--lanes", type=int, default=2)
+    parser.add_argument("--lanes", type=int, default=3)
     options, args = parser.parse_known_args(argv)
     if unknown := set(options.databases) - set(names):
         parser.error(f"--databases: unknown {', '.join(sorted(unknown))}; known {', '.join(names)}")
     if options.lanes < 1:
         parser.error("--lanes: at least 1")
     env, options_of_env = environment(options.installed)
-    pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report=", *args]
     # Tests named on the command line replace each pass's own choice; options add to it.
-    chose_tests = any(Path(arg.split("::")[0]).exists() for arg in args)
+    named = [arg for arg in args if Path(arg.split("::")[0]).exists()]
+    chose_tests = bool(named)
+    pytest = [sys.executable, "-m", "pytest", *options_of_env, "--cov-report="]
+    pytest += [arg for arg in args if arg not in named]
 
-    passes = reachable_passes([d for d in DATABASE_PASSES if d.database in options.databases])
+    chosen = [d for d in DATABASE_PASSES if d.database in options.databases]
+    passes = [d for d in reachable_passes(chosen) if not chose_tests or d.tests(named)]
     runs = []
     for number, database in enumerate(passes):
         # Unless tests are named, a pass runs those its database changes.
-        command = [*pytest, *([] if chose_tests else database.selection)]
+        command = [*pytest, *(database.tests(named) if chose_tests else database.choice)]
         environ = {**env, **database.environment(env), "TEST_DATABASE": database.database}
         environ.update(database.environ)
         if number:
