@@ -5,8 +5,10 @@ acknowledged after the commit."""
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
+import signal
 import socket
 import threading
 import time
@@ -14,11 +16,14 @@ import uuid
 
 import pytest
 from amqp.exceptions import ChannelError
+from django.core.management import CommandError, call_command
+from django.db import OperationalError
 from django.test import override_settings
 from django.utils import timezone
 from kombu import Connection, Exchange, Queue, binding
 
 from django_idempotency.brokers import BrokerDispatcher, MessageConsumer, consume
+from django_idempotency.brokers import consumer as consumer_module
 from django_idempotency.brokers.consumer import NO_MESSAGE_ID
 from django_idempotency.inbox.handlers import ANY_TYPE, register_handler, unregister
 from django_idempotency.inbox.receiving import delivery_counts
@@ -337,3 +342,64 @@ def test_a_consumer_that_fails_stops_them_all_with_its_error(broker, monkeypatch
     with pytest.raises(RuntimeError, match="a bug in the consumer"):
         # Without the failure, it would consume until stop is set: never, here.
         consume(broker.url, [broker.queue], source=broker.source, stop=threading.Event())
+
+
+def test_a_message_whose_recording_fails_goes_back_to_the_queue(broker, handled, monkeypatch):
+    failures = [OperationalError("the database went away")]
+    record = consumer_module.handle
+
+    def failing_once(*args):
+        if failures:
+            raise failures.pop()
+        return record(*args)
+
+    monkeypatch.setattr(consumer_module, "handle", failing_once)
+    monkeypatch.setattr(consumer_module, "REQUEUE_DELAY", 0)
+    broker.send({"data": {}}, message_id="m-1")
+    broker.consume(2)  # refused once, then delivered again
+    assert InboxEvent.objects.get().status == InboxEvent.Status.PROCESSED
+    assert len(handled) == 1
+    assert broker.ready() == 0
+
+
+def test_the_command_consumes_until_sigterm(broker, handled):
+    broker.send({"data": {}}, message_id="m-1")
+    stdout = io.StringIO()
+    # SIGTERM, as a supervisor sends it, once the message had time to be handled.
+    timer = threading.Timer(3, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    try:
+        call_command(
+            "idempotency_consume",
+            broker.queue.name,
+            "--broker",
+            broker.url,
+            "--exchange",
+            broker.exchange.name,
+            "--routing-key",
+            "#",
+            "--source",
+            broker.source,
+            "--transport-option",
+            "visibility_timeout=60",
+            stdout=stdout,
+        )
+    finally:
+        timer.cancel()
+    assert f"Consuming {broker.queue.name} as {broker.source}" in stdout.getvalue()
+    assert stdout.getvalue().endswith("Stopped.\n")
+    assert [call[0] for call in handled] == ["m-1"]
+    assert broker.ready() == 0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        (["--routing-key", "#"], "--routing-key needs --exchange"),
+        (["--prefetch", "0"], "at least 1"),
+        (["--transport-option", "visibility_timeout"], "NAME=VALUE"),
+    ],
+)
+def test_the_command_refuses_options_that_cannot_work(arguments, error):
+    with pytest.raises(CommandError, match=error):
+        call_command("idempotency_consume", "q", "--broker", "memory://", *arguments)
