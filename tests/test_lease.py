@@ -228,11 +228,12 @@ class TestLeaseConcurrency:
     @override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.2})
     @pytest.mark.parametrize("slow", ["X-Delay", "X-Hold", "X-Hold-Recorded"])
     def test_a_live_request_slower_than_its_lease_keeps_its_key(self, alice, key, slow, caplog):
-        # The view's lease is one second; the request takes two and a half, before or after
-        # the provider charges. While it runs, its retries are told to wait.
+        # The view's lease is one second; the request takes four, before or after the provider
+        # charges. While it runs, its retries (about one and two seconds in, well before it
+        # ends however loaded the machine) are told to wait.
         first = self.start(
             lambda: ApiClient(alice).send(
-                "POST", "/lease-recovering/", {"amount": 5}, key=key, headers={slow: "2.5"}
+                "POST", "/lease-recovering/", {"amount": 5}, key=key, headers={slow: "4"}
             )
         )
         retries = []
