@@ -403,3 +403,28 @@ def test_the_command_consumes_until_sigterm(broker, handled):
 def test_the_command_refuses_options_that_cannot_work(arguments, error):
     with pytest.raises(CommandError, match=error):
         call_command("idempotency_consume", "q", "--broker", "memory://", *arguments)
+
+
+def test_a_message_id_longer_than_an_event_holds_is_dead_at_once(broker, handled):
+    if broker.url.startswith("amqp:"):
+        pytest.skip("AMQP itself refuses a message_id longer than 255 bytes")
+    broker.send({"data": {}}, message_id="m" * 300)
+    broker.consume(1)
+    event = InboxEvent.objects.get()
+    assert event.status == InboxEvent.Status.DEAD
+    assert "longer than 255 characters" in event.last_error
+    assert handled == []
+    assert broker.ready() == 0
+
+
+@pytest.mark.postgresql
+def test_a_message_the_database_refuses_is_dead_at_once_not_redelivered_forever(broker, handled):
+    # PostgreSQL's jsonb takes no NUL character: this body can never be recorded as it is.
+    broker.send({"data": {"note": "a\u0000b"}}, message_id="m-1")
+    broker.consume(1)
+    event = InboxEvent.objects.get()
+    assert event.status == InboxEvent.Status.DEAD
+    assert event.last_error.startswith("the database refused the message")
+    assert event.payload["body"].startswith('{"data": {"note": "a')
+    assert handled == []
+    assert broker.ready() == 0

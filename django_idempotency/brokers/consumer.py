@@ -15,6 +15,7 @@ inbox's runner, after the message was acknowledged: a poison message never block
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -48,6 +49,8 @@ NO_MESSAGE_ID = (
     "the message has no message_id property: without the producer's id a redelivery cannot be "
     "told from a new message"
 )
+#: The longest message id and type an inbox event holds.
+MAX_LENGTH = 255
 #: Seconds before a message whose database work failed goes back to the queue.
 REQUEUE_DELAY = 1.0
 #: Seconds between two looks, on Redis, for messages whose consumer died holding them.
@@ -68,7 +71,10 @@ def handle(source: str, body: Any, message: Message) -> Receipt:
     redelivered = bool((message.delivery_info or {}).get("redelivered"))
     with transaction.atomic(using=router.db_for_write(InboxEvent)):
         if not message_id:
-            return refuse(source, event_type, body, NO_MESSAGE_ID, headers=headers)
+            return refuse(source, event_type[:MAX_LENGTH], body, NO_MESSAGE_ID, headers=headers)
+        if len(str(message_id)) > MAX_LENGTH or len(event_type) > MAX_LENGTH:
+            reason = f"the message's message_id or type is longer than {MAX_LENGTH} characters"
+            return refuse(source, event_type[:MAX_LENGTH], body, reason, headers=headers)
         return receive(
             source, str(message_id), event_type, body, headers=headers, handle_now=not redelivered
         )
@@ -145,8 +151,14 @@ class MessageConsumer(ConsumerMixin):  # type: ignore[misc] # kombu is untyped
         # As a request would: drop a connection that is broken or past CONN_MAX_AGE.
         db.close_old_connections()
         try:
-            with correlation.bind(correlation.from_headers(message.headers)):
+            with correlation.bind(correlation.from_headers(_headers(message))):
                 handle(self.source, body, message)
+        except (db.DataError, db.IntegrityError) as exc:
+            # The database refuses what the message holds (a NUL in its JSON, say): no delivery
+            # of it ever will be recorded. Kept dead, with its body's digest, and acknowledged.
+            logger.exception("could not record message %s", message.properties.get("message_id"))
+            self._refuse(message, f"the database refused the message: {exc}")
+            return
         except db.Error:  # a lost database: psycopg2's lost connection is no DatabaseError
             logger.exception(
                 "could not record message %s; it goes back to the queue",
@@ -159,16 +171,19 @@ class MessageConsumer(ConsumerMixin):  # type: ignore[misc] # kombu is untyped
 
     def on_decode_error(self, message: Message, exc: Exception) -> None:
         """A body that cannot be read is kept, dead at once, and acknowledged."""
-        body = message.body
-        text = body.decode(errors="replace") if isinstance(body, bytes) else str(body)
+        self._refuse(message, f"the body cannot be read ({message.content_type}): {exc}")
+
+    def _refuse(self, message: Message, reason: str) -> None:
+        """Keep ``message`` dead at once, as its body's text and digest, and acknowledge it."""
+        body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+        payload = {
+            # As text a database takes: no NUL, and not more than a person reads.
+            "body": body[:10_000].decode(errors="replace").replace("\x00", "\ufffd"),
+            "body_sha256": hashlib.sha256(body).hexdigest(),
+        }
+        event_type = str(message.properties.get("type") or "")[:MAX_LENGTH]
         with transaction.atomic(using=router.db_for_write(InboxEvent)):
-            refuse(
-                self.source,
-                str(message.properties.get("type") or ""),
-                text,
-                f"the body cannot be read ({message.content_type}): {exc}",
-                headers=_headers(message),
-            )
+            refuse(self.source, event_type, payload, reason.replace("\x00", ""))
         message.ack()
 
 
