@@ -141,9 +141,9 @@ def refuse(
 ) -> Receipt:
     """Record an event that cannot be processed, dead at once with ``reason``.
 
-    It has no id to dedupe on (a broker message without one), so it is recorded once by its
-    payload hash, and never processed: a person reads the reason in the admin, and may
-    reprocess it.
+    Such an event (a broker message without an id, or one whose body cannot be read or stored)
+    has no id to trust: it is recorded once by its payload hash, and never processed. A person
+    reads the reason in the admin, and may reprocess it.
     """
     digest = payload_hash(payload)
     event = InboxEvent(
