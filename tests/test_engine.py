@@ -322,13 +322,17 @@ class CountingStore:
     """The default database's store, counting how often it is asked for a key."""
 
     def __init__(self):
-        self.store, self.acquired = key_store(IdempotencyKey, "default"), 0
+        self.store, self.asked = key_store(IdempotencyKey, "default"), []
 
     def __getattr__(self, name):
         return getattr(self.store, name)
 
+    def lookup(self, new):
+        self.asked.append("lookup")
+        return self.store.lookup(new)
+
     def acquire(self, new):
-        self.acquired += 1
+        self.asked.append("acquire")
         return self.store.acquire(new)
 
 
@@ -344,8 +348,9 @@ def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
         return engine.handle(request, view, policy=Policy.from_settings(), sender=None)
 
     assert send()["Idempotency-Status"] == "stored"
+    assert store.asked == ["lookup", "acquire"]
     assert send()["Idempotency-Status"] == "replayed"
-    assert store.acquired == 2
+    assert store.asked == ["lookup", "acquire", "lookup"]
 
 
 class Greeting(Operation):

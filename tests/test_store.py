@@ -309,13 +309,15 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
 
     bare_statements, _ = statements(bare)
     fresh_statements, fresh_commits = statements(fresh)
-    replay_statements, _ = statements(replay)
-    # The claim (its wait bound included) and the completion, in one transaction.
-    assert len(fresh_statements) == len(bare_statements) + 2, fresh_statements
+    replay_statements, replay_commits = statements(replay)
+    # The read that finds no completed request, then the claim (its wait bound included) and
+    # the completion, in one transaction.
+    assert len(fresh_statements) == len(bare_statements) + 3, fresh_statements
     assert fresh_commits == 1
-    # Authentication, then the claim that finds the key taken, then the read of the row that
-    # holds it. Nothing is written: the replay's count waits in memory (see counting.py).
-    assert len(replay_statements) == 1 + 2, replay_statements
+    # Authentication, then one read of the key's row, in no transaction: nothing is written,
+    # and no row is locked (the replay's count waits in memory, see counting.py).
+    assert len(replay_statements) == 1 + 1, replay_statements
+    assert replay_commits == 0
 
 
 @pytest.mark.postgresql

@@ -6,6 +6,9 @@ knowing Django's request and response but nothing of Django REST framework. The 
 view decorator and Ninja are thin adapters over ``Engine.handle``, the task decorator over
 ``Engine.run``.
 
+A key that a completed run holds is replayed from one read of its row, before any transaction:
+a replay writes nothing and locks nothing. Otherwise the key is claimed.
+
 Atomic mode: the key row is inserted inside the same ``transaction.atomic`` as the view's own
 writes and completed before the commit, so a fresh request costs one commit and a crash rolls
 back the key with the effect. A concurrent duplicate blocks on the unique index until the first
@@ -48,6 +51,7 @@ if TYPE_CHECKING:
     from django_idempotency.policy import Policy
 
 R = TypeVar("R")
+T = TypeVar("T")
 
 logger = logging.getLogger("django_idempotency")
 
@@ -182,11 +186,22 @@ class Engine:
         except KeyBusy:
             return Answer(Outcome.IN_PROGRESS)
 
+    def _replayed(self, operation: Operation[R], store: KeyStore) -> Answer[R] | None:
+        """The answer of a run that completed with the key, or the refusal of a different
+        request, from one read before any transaction of the engine's: a replay writes nothing
+        and waits for no lock. ``None``: the key is to be claimed."""
+        found = store.lookup(operation.new_key(self.clock()))
+        return None if found is None else _settled(operation, self._cached(operation, store, found))
+
     def _acquire(
         self, operation: Operation[R], store: KeyStore
     ) -> Claim | StoredResponse | Conflict:
         """Ask the store for the key once; a result it replays goes to the cache too."""
-        found = store.acquire(operation.new_key(self.clock()))
+        return self._cached(operation, store, store.acquire(operation.new_key(self.clock())))
+
+    @staticmethod
+    def _cached(operation: Operation[R], store: KeyStore, found: T) -> T:
+        """``found``; if it is a stored result, put in the replay cache too."""
         if isinstance(found, StoredResponse) and operation.cache is not None:
             # Filled by the first replay, not by the run that stored the result: most keys
             # are never replayed, and a fresh request should not pay for a cache write.
@@ -214,6 +229,8 @@ class Engine:
         # API error. A savepoint then undoes just the view's writes, and its answer is still
         # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
         savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
+        if (replayed := self._replayed(operation, store)) is not None:
+            return replayed
         with transaction.atomic(using=store.using):
             claim = self._acquire(operation, store)
             if not isinstance(claim, Claim):
@@ -243,6 +260,8 @@ class Engine:
         """
         if transaction.get_connection(store.using).in_atomic_block:
             raise ImproperlyConfigured(operation.lease_in_transaction)
+        if (replayed := self._replayed(operation, store)) is not None:
+            return replayed
         claim = self._wait_for_claim(operation, store)
         if not isinstance(claim, Claim):
             return claim

@@ -1,6 +1,9 @@
 """What is done to the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
 
-The unique index on (scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
+A request first reads the key's row, without a lock and outside any transaction the engine
+opens: a completed response is replayed from that one read, and a different request with the
+key is refused. Otherwise the key is claimed; the read decides nothing else. The unique index on
+(scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
 is one ``INSERT … ON CONFLICT DO NOTHING RETURNING``: it inserts a new row, or returns nothing
 when a row holds the key. Then that row is read, without a lock: a completed row is replayed,
 and an expired, failed or lease-lost one is taken over by ``INSERT … ON CONFLICT DO UPDATE …
@@ -24,7 +27,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import OperationalError, connections, transaction
-from django.db.models import F, Q
 
 from django_idempotency import signals
 from django_idempotency.core import statements
@@ -165,6 +167,23 @@ class KeyStore:
         field = self.model._meta.get_field(name)
         return field.get_db_prep_save(value, self.connection)  # type: ignore[union-attr] # a concrete field
 
+    def lookup(self, new: NewKey) -> StoredResponse | Conflict | None:
+        """The completed response that answers ``new``, or the refusal of another request with
+        its key, from one read of the key's row without a lock; ``None`` if the key is to be
+        claimed: no row holds it, the row is free to take over, or ``new``'s run is still on."""
+        row = self._read(new)
+        if row is None or _free(row, new):
+            return None
+        if row.state != "succeeded" and row.fingerprint == new.fingerprint:
+            return None  # the claim waits for that run, or takes its row over
+        return self._replay_or_refuse(row, new)
+
+    def _read(self, new: NewKey) -> Holder | None:
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.holder, [new.scope, new.key])
+            fetched = cursor.fetchone()
+        return None if fetched is None else Holder(*fetched)
+
     def acquire(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         """Claim the key; or replay the completed row that holds it; or say why neither can be.
 
@@ -202,10 +221,7 @@ class KeyStore:
         ``None``: the row could be taken over, but not by this call.
         """
         for _ in range(3):  # a row taken over or purged meanwhile: look again
-            with self.connection.cursor() as cursor:
-                cursor.execute(self.sql.holder, [new.scope, new.key])
-                fetched = cursor.fetchone()
-            row = None if fetched is None else Holder(*fetched)
+            row = self._read(new)
             if row is None or _free(row, new):
                 if not take_over:
                     return None
@@ -335,65 +351,6 @@ class KeyStore:
             only = self.sql.with_ids.format(ids=placeholders(ids) or "NULL")
             params += ids
         return self.sql.release_expired.format(only=only), [*params, limit]
-
-    # The sweeper's reconciling takes each expired lease over by a compare-and-set of its own,
-    # so that no lock is held while a hook is asked; the ORM writes these.
-
-    def expired_leases(
-        self, now: datetime, limit: int, after: tuple[datetime, int] | None
-    ) -> list[Any]:
-        """The next leases that ran out by ``now``, oldest first, not left for a person; read
-        without a lock. ``after``: the last one read, as (``locked_until``, id)."""
-        rows = (
-            self.model._default_manager.using(self.using)
-            .filter(state="in_progress", locked_until__lte=now)
-            .exclude(unsettled_lease_version=F("lease_version"))
-        )
-        if after is not None:
-            moment, pk = after
-            rows = rows.filter(Q(locked_until__gt=moment) | Q(locked_until=moment, pk__gt=pk))
-        return list(rows.order_by("locked_until", "pk")[:limit])
-
-    def take_over_expired(self, row: Any, now: datetime, until: datetime) -> Claim | None:
-        """Raise the expired lease's version and hold it until ``until``, if it is still as
-        read: the dead request is fenced out, and a retry meanwhile waits.
-
-        The row is locked by its primary key alone, then changed by it: a condition on the lease
-        in the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with
-        a retry taking a neighbouring key over.
-        """
-        keys = self.model._default_manager.using(self.using)
-        claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
-        if self.connection.vendor == "sqlite":
-            # One conditional UPDATE: SQLite locks the whole database, and refuses at once
-            # ("database is locked") to turn a transaction that has read into a writer while
-            # another writes.
-            changed = keys.filter(
-                pk=row.pk, lease_version=row.lease_version, state="in_progress",
-                locked_until__lte=now,
-            ).update(lease_version=claim.lease_version, locked_until=until)  # fmt: skip
-            return claim if changed else None
-        with transaction.atomic(using=self.using):
-            found = keys.select_for_update().filter(pk=row.pk)
-            current = found.values_list("lease_version", "state", "locked_until").first()
-            if current is None:
-                return None  # purged meanwhile
-            version, state, locked_until = current
-            if version != row.lease_version or state != "in_progress" or locked_until is None:
-                return None
-            if locked_until > now:
-                return None  # renewed by a live request, or taken over by a retry
-            keys.filter(pk=row.pk).update(lease_version=claim.lease_version, locked_until=until)
-            return claim
-
-    def give_back(self, claim: Claim, locked_until: datetime, *, unsettled: bool) -> bool:
-        """Put a lease taken over by ``take_over_expired()`` back as it was, expired, so that a
-        retry takes the key over at once; ``unsettled``: and leave it for a person."""
-        mine = self.model._default_manager.using(self.using).filter(
-            pk=claim.id, lease_version=claim.lease_version, state="in_progress"
-        )
-        left = {"unsettled_lease_version": claim.lease_version} if unsettled else {}
-        return bool(mine.update(locked_until=locked_until, **left))
 
 
 class MariaDBKeyStore(KeyStore):

@@ -19,7 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings, resolve_callable
-from django_idempotency.core.store import KeyStore, key_store
+from django_idempotency.core.store import Claim, KeyStore, key_store
 from django_idempotency.reconcile import (
     ExpiredKey,
     NothingHappened,
@@ -129,7 +129,7 @@ def sweep(model: type[Model], using: str, now: datetime, batch_size: int) -> Swe
 
     after: tuple[datetime, int] | None = None
     while True:
-        rows = store.expired_leases(now, batch_size, after)
+        rows = _expired_leases(store, now, batch_size, after)
         released = [row for row in rows if hook_of(row) is None]
         if released:
             ids = [row.pk for row in released]
@@ -148,7 +148,7 @@ def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now
     timeout = idempotency_settings.RECONCILE_TIMEOUT
     # Like a retry, the sweeper takes the expired lease over: the dead request is fenced out,
     # another sweeper skips the key, and a retry meanwhile waits (or is told to come back).
-    claim = store.take_over_expired(row, now, timezone.now() + timeout)
+    claim = _take_over_expired(store, row, now, timezone.now() + timeout)
     if claim is None:
         return "taken"
     expired = ExpiredKey(
@@ -170,11 +170,74 @@ def _settle(store: KeyStore, row: Any, hook: Callable[[ExpiredKey], Result], now
     # The lease goes back to how the dead request left it: expired, so that a retry takes the
     # key over at once (asking the view's recovery hook, as without this one).
     if isinstance(answer, Unknown):
-        marked = store.give_back(claim, row.locked_until, unsettled=True)
+        marked = _give_back(store, claim, row.locked_until, unsettled=True)
         _log("unknown" if marked else "taken", row, answer.reason)
         return "unknown" if marked else "taken"
-    store.give_back(claim, row.locked_until, unsettled=False)
+    _give_back(store, claim, row.locked_until, unsettled=False)
     return "errors"
+
+
+# Each expired lease is taken over by a compare-and-set of its own, so that no lock is held
+# while a hook is asked; the ORM writes these.
+
+
+def _expired_leases(
+    store: KeyStore, now: datetime, limit: int, after: tuple[datetime, int] | None
+) -> list[Any]:
+    """The next leases that ran out by ``now``, oldest first, not left for a person; read
+    without a lock. ``after``: the last one read, as (``locked_until``, id)."""
+    rows = (
+        store.model._default_manager.using(store.using)
+        .filter(state="in_progress", locked_until__lte=now)
+        .exclude(unsettled_lease_version=F("lease_version"))
+    )
+    if after is not None:
+        moment, pk = after
+        rows = rows.filter(Q(locked_until__gt=moment) | Q(locked_until=moment, pk__gt=pk))
+    return list(rows.order_by("locked_until", "pk")[:limit])
+
+
+def _take_over_expired(store: KeyStore, row: Any, now: datetime, until: datetime) -> Claim | None:
+    """Raise the expired lease's version and hold it until ``until``, if it is still as
+    read: the dead request is fenced out, and a retry meanwhile waits.
+
+    The row is locked by its primary key alone, then changed by it: a condition on the lease
+    in the UPDATE itself lets MariaDB lock a range of the lease index, which deadlocks with
+    a retry taking a neighbouring key over.
+    """
+    keys = store.model._default_manager.using(store.using)
+    claim = Claim(row.pk, row.lease_version + 1, row.attempts, row.expires_at)
+    if store.connection.vendor == "sqlite":
+        # One conditional UPDATE: SQLite locks the whole database, and refuses at once
+        # ("database is locked") to turn a transaction that has read into a writer while
+        # another writes.
+        changed = keys.filter(
+            pk=row.pk, lease_version=row.lease_version, state="in_progress",
+            locked_until__lte=now,
+        ).update(lease_version=claim.lease_version, locked_until=until)  # fmt: skip
+        return claim if changed else None
+    with transaction.atomic(using=store.using):
+        found = keys.select_for_update().filter(pk=row.pk)
+        current = found.values_list("lease_version", "state", "locked_until").first()
+        if current is None:
+            return None  # purged meanwhile
+        version, state, locked_until = current
+        if version != row.lease_version or state != "in_progress" or locked_until is None:
+            return None
+        if locked_until > now:
+            return None  # renewed by a live request, or taken over by a retry
+        keys.filter(pk=row.pk).update(lease_version=claim.lease_version, locked_until=until)
+        return claim
+
+
+def _give_back(store: KeyStore, claim: Claim, locked_until: datetime, *, unsettled: bool) -> bool:
+    """Put a lease taken over by ``_take_over_expired()`` back as it was, expired, so that a
+    retry takes the key over at once; ``unsettled``: and leave it for a person."""
+    mine = store.model._default_manager.using(store.using).filter(
+        pk=claim.id, lease_version=claim.lease_version, state="in_progress"
+    )
+    left = {"unsettled_lease_version": claim.lease_version} if unsettled else {}
+    return bool(mine.update(locked_until=locked_until, **left))
 
 
 def _log(outcome: str, row: Any, reason: str = "") -> None:
