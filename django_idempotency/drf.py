@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,15 @@ else:
     _GenericBase = object
 
 
+def _unbound(view: object, name: str) -> Any:
+    """The attribute ``name`` of ``view`` as stored, on it or its class: a plain function stays
+    a function, not a bound method."""
+    for namespace in (vars(view), *(vars(cls) for cls in type(view).__mro__)):
+        if name in namespace:
+            return namespace[name]
+    raise AttributeError(name)
+
+
 class IdempotentMixin(_Base):
     """Make a view's unsafe methods idempotent by the ``Idempotency-Key`` header.
 
@@ -89,8 +97,8 @@ class IdempotentMixin(_Base):
         By default ``idempotency_scope_function``, else the ``SCOPE_FUNCTION`` setting; override
         to scope keys by tenant, say, with ``self`` and the authenticated ``request`` at hand.
         """
-        # Looked up on the class: a plain function stored there must not become a method.
-        function = inspect.getattr_static(self, "idempotency_scope_function")
+        # A plain function stored on the class must not become a method.
+        function = _unbound(self, "idempotency_scope_function")
         if function is None:
             return idempotency_settings.SCOPE_FUNCTION(request, route)
         scope = resolve_callable(function, f"{type(self).__name__}.idempotency_scope_function")

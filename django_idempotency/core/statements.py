@@ -16,11 +16,15 @@ if TYPE_CHECKING:
     from django.db.models import Model
 
 
-# The columns a claim writes, in the order of its parameters.
+# The columns a claim writes, in order.
 INSERTED = (
     "scope", "key", "method", "route", "fingerprint", "state", "lease_version",
     "locked_until", "attempts", "created_at", "expires_at", "replay_count",
 )  # fmt: skip
+# What every new row starts with, written into the statement rather than sent each time.
+STARTING = {"state": "'in_progress'", "lease_version": "1", "attempts": "1", "replay_count": "0"}
+# The claim's parameters: the other columns, in order.
+CLAIMED = tuple(name for name in INSERTED if name not in STARTING)
 # What a row taken over on MariaDB is given of the new request's row, in this order.
 RENEWED = tuple(
     name for name in INSERTED if name not in {"scope", "key", "lease_version", "attempts"}
@@ -77,7 +81,7 @@ def build(model: type[Model], connection: BaseDatabaseWrapper) -> Statements:
     c = Names(model, connection)
     t = c.table
     columns = ", ".join(c(name) for name in INSERTED)
-    values = ", ".join(["%s"] * len(INSERTED))
+    values = ", ".join(STARTING.get(name, "%s") for name in INSERTED)
     # The lease version fences the write: a request whose row was taken over changes nothing.
     complete = (
         f"UPDATE {t} SET {c('state')} = %s, {c('response_status')} = %s, "  # noqa: S608

@@ -252,7 +252,8 @@ class KeyStore:
         return replace(stored, replay_count=stored.replay_count + unwritten)
 
     def _claim_params(self, new: NewKey, *, takeover: bool) -> list[Any]:
-        params = list(self._inserted(new).values())
+        inserted = self._inserted(new)
+        params = [inserted[name] for name in statements.CLAIMED]
         if takeover:
             prepared_now = self._prep("expires_at", new.now)
             params += [prepared_now, prepared_now]
@@ -378,7 +379,8 @@ class MariaDBKeyStore(KeyStore):
 
     def _claim_params(self, new: NewKey, *, takeover: bool = False) -> list[Any]:
         # innodb_lock_wait_timeout counts whole seconds; 0 does not wait.
-        return [math.ceil(new.wait_timeout), *self._inserted(new).values()]
+        inserted = self._inserted(new)
+        return [math.ceil(new.wait_timeout), *(inserted[name] for name in statements.CLAIMED)]
 
     def _claim(self, new: NewKey, *, replay: bool) -> Claim | StoredResponse | Conflict:
         deadline = time.monotonic() + new.wait_timeout
