@@ -10,7 +10,10 @@ Runs these one after the other, each in a process of its own:
   purge.py   purge_expired() against one unbatched DELETE of --keys expired keys
   admin.py   the admin's pages at --keys keys
   outbox.py  the outbox relay's throughput
-  profiling.py  where a keyed request's and a webhook's time goes, in one process
+  profiling.py  where a keyed request's and a webhook's time goes, in one process: in the
+             example, then in the minimal project
+  minimal    the minimal project (benchmarks/minimal) under gunicorn's gthread workers: each
+             idempotent scenario against the same bare viewset and against its naive floor
 then run.py's requests, webhooks and bursts once more under gunicorn's gthread workers (4 x 4
 threads; --worker-classes sync leaves them out), and, with --databases postgresql mariadb, on
 MariaDB too, then
@@ -49,6 +52,7 @@ if __package__ in {None, ""}:  # run as a script: make the benchmarks package im
 from benchmarks import admin, asgi_requests, outbox, profiling, purge, run, tables
 from benchmarks.common import ROOT, drop_database
 from benchmarks.databases import DATABASES
+from benchmarks.minimal import bench as minimal
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -245,6 +249,18 @@ def part_arguments(args: argparse.Namespace) -> argparse.Namespace:
     parts.admin = admin.parse_arguments(options(keys=args.keys, loads=args.loads))
     parts.outbox = outbox.parse_arguments(options(messages=args.messages, relays=args.relays))
     parts.profile = profiling.parse_arguments(options(requests=args.profile_requests))
+    parts.profile_minimal = argparse.Namespace(**{**vars(parts.profile), "minimal": True})
+    # The minimal project's rounds: as run.py's, under its own gthread workers.
+    parts.minimal = minimal.parse_arguments(
+        options(
+            duration=args.duration,
+            rounds=args.rounds,
+            connections=args.connections,
+            threads=args.threads,
+            spread_keys=50 if args.quick else None,
+        )
+    )
+    parts.minimal_mariadb = argparse.Namespace(**{**vars(parts.minimal), "database": "mariadb"})
     # The async view's requests under uvicorn: the same rounds as run.py's.
     parts.asgi = asgi_requests.parse_arguments(
         options(
@@ -306,6 +322,7 @@ def main() -> None:
         relayed = in_own_process(outbox.measure, outbox_args)
         progress("where the time goes, in one process")
         profiled = in_own_process(profiling.measure, profile_args)
+        minimal_section = measure_minimal(args, parts)
     finally:  # in case a part died before it could drop its database
         for database in (
             run.DATABASE,
@@ -314,10 +331,12 @@ def main() -> None:
             admin.DATABASE,
             outbox.DATABASE,
             profiling.DATABASE,
+            minimal.DATABASE,
         ):
             drop_database(database)
         if "mariadb" in args.databases:
             DATABASES["mariadb"].drop(run.DATABASE)
+            DATABASES["mariadb"].drop(minimal.DATABASE)
     minutes = (time.monotonic() - started) / 60
 
     command = shlex.join(["python", "benchmarks/all.py", *sys.argv[1:]])
@@ -343,6 +362,7 @@ def main() -> None:
         "## Purging expired keys\n\n" + purge.report(purged, purge_args),
         "### Requests during a purge\n\n" + tables.during_purge_section(requests, run_args),
         "## Where the time goes\n\n" + profiled,
+        minimal_section,
     ]
     if "gthread" in args.worker_classes:
         sections.append(gthread_section(threaded, gthread_args))
@@ -355,6 +375,23 @@ def main() -> None:
     print("\n\n".join(sections))
 
 
+def measure_minimal(args: argparse.Namespace, parts: argparse.Namespace) -> str:
+    """The minimal project's part: where its time goes, then its rounds on each database."""
+    progress("where the time goes in the minimal project, in one process")
+    profiled = in_own_process(profiling.measure, parts.profile_minimal)
+    progress("the minimal project")
+    sections = [minimal.report(in_own_process(minimal.measure, parts.minimal), parts.minimal)]
+    if "mariadb" in args.databases:
+        on_mariadb = in_own_process(minimal.measure, parts.minimal_mariadb)
+        sections.append(minimal.report(on_mariadb, parts.minimal_mariadb))
+    return (
+        "## The minimal project\n\n"
+        + "\n\n".join(sections)
+        + "\n\n### Where the time goes in the minimal project\n\n"
+        + profiled
+    )
+
+
 def wrk_minutes(args: argparse.Namespace, run_args: argparse.Namespace) -> float:
     """How long wrk itself runs, all parts together."""
     rounds_load = run_args.duration * (run_args.rounds + 1) * len(run.SCENARIOS)
@@ -363,6 +400,8 @@ def wrk_minutes(args: argparse.Namespace, run_args: argparse.Namespace) -> float
     load += rounds_load * (len(args.databases) - 1 + len(args.worker_classes) - 1)
     if args.asgi_workers:
         load += run_args.duration * (run_args.rounds + 1) * len(asgi_requests.SCENARIOS)
+    # The minimal project's rounds, on each database.
+    load += run_args.duration * (run_args.rounds + 1) * len(minimal.SCENARIOS) * len(args.databases)
     return load / 60
 
 

@@ -1,14 +1,14 @@
 """Deliberately naive idempotency: the floors the library is measured against.
 
-``NaivePaymentList`` is atomic mode at its simplest, in the view's transaction: claim the key on a
-unique index (one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` on PostgreSQL, ``INSERT IGNORE``
-on MariaDB), run the view, store its status and body with one ``UPDATE``; a key already taken is
-answered by one ``SELECT``. No policy, expiry, signals, metrics, logging or headers kept: what is
-left is the two statements every correct atomic-mode layer needs, around the same view as
-``bare``. ``NaiveCachedPaymentList`` puts the replay cache's Redis in front of it: a replay is
-one ``GET`` after authentication. ``naive_webhook`` is an inbox at its simplest: check Stripe's
-signature, insert the event on a unique index of its id, nothing else. The benchmark creates
-their tables (``databases.py``).
+``naive_idempotent`` is atomic mode at its simplest, in the view's transaction: claim the key on a
+unique index under a bounded lock wait (one ``INSERT … ON CONFLICT DO NOTHING RETURNING`` that
+sets ``lock_timeout`` on PostgreSQL, ``SET STATEMENT innodb_lock_wait_timeout … FOR INSERT
+IGNORE`` on MariaDB), run the view, store its status and body with one ``UPDATE``; a key already
+taken is answered by one ``SELECT``. No policy, expiry, signals, metrics, logging or headers kept,
+and the lock bound is left on the view's own statements: what is left is the two statements every
+correct atomic-mode layer needs. ``cached`` puts a Redis in front of it: a replay is one ``GET``.
+``naive_webhook`` is an inbox at its simplest: check Stripe's signature, insert the event on a
+unique index of its id, nothing else. The benchmark creates their tables (``databases.py``).
 """
 
 from __future__ import annotations
@@ -19,86 +19,64 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
-from django.core.cache import caches
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
-from rest_framework import generics
 
 from benchmarks.databases import NAIVE_EVENT_TABLE
 from benchmarks.databases import NAIVE_TABLE as TABLE
-from payments.views import PaymentList
 
 if TYPE_CHECKING:
-    from rest_framework.request import Request
+    from collections.abc import Callable
 
+    from django.core.cache import BaseCache
+
+WAIT_MS = 5000  # how long a duplicate waits for the key's first request, as the library's default
 CLAIM = {
-    "postgresql": f"INSERT INTO {TABLE} (idempotency_key, fingerprint) VALUES (%s, %s) "
+    "postgresql": f"INSERT INTO {TABLE} (idempotency_key, fingerprint) "
+    f"SELECT %s, %s FROM (SELECT set_config('lock_timeout', '{WAIT_MS}ms', true)) AS bounded "
     "ON CONFLICT DO NOTHING RETURNING id",
-    "mysql": f"INSERT IGNORE INTO {TABLE} (idempotency_key, fingerprint) VALUES (%s, %s)",
+    "mysql": f"SET STATEMENT innodb_lock_wait_timeout = {WAIT_MS // 1000} FOR "
+    f"INSERT IGNORE INTO {TABLE} (idempotency_key, fingerprint) VALUES (%s, %s)",
 }
 REPLAY = f"SELECT status, body, fingerprint FROM {TABLE} WHERE idempotency_key = %s"
 COMPLETE = f"UPDATE {TABLE} SET status = %s, body = %s WHERE id = %s"
 
 
-def claim(cursor: Any, key: str, fingerprint: str) -> int | None:
-    """The new row's id, or ``None`` if the key is taken (after its holder committed)."""
-    cursor.execute(CLAIM[connection.vendor], [key, fingerprint])
-    if connection.vendor == "postgresql":
-        row = cursor.fetchone()
-        return None if row is None else int(row[0])
-    return int(cursor.lastrowid) if cursor.rowcount == 1 else None
-
-
-class NaivePaymentList(generics.ListCreateAPIView):  # type: ignore[type-arg] # any model
-    """The example's payment view, made idempotent by hand as above."""
-
-    serializer_class = PaymentList.serializer_class
-    get_queryset = PaymentList.get_queryset
-    perform_create = PaymentList.perform_create  # type: ignore[assignment] # the same view
-
-    def post(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        header = request.headers.get("Idempotency-Key")
-        if header is None:
-            return super().post(request, *args, **kwargs)
-        key = f"{request.user.pk}:{header}"
-        fingerprint = hashlib.sha256(request._request.body).hexdigest()
-        with transaction.atomic(), connection.cursor() as cursor:
-            row = claim(cursor, key, fingerprint)
-            if row is None:
-                cursor.execute(REPLAY, [key])
-                status, body, stored_fingerprint = cursor.fetchone()
-                if stored_fingerprint != fingerprint:
-                    return JsonResponse({"detail": "key reused"}, status=422)
-                return self.replay(key, status, bytes(body), fingerprint)
-            # An exception rolls the claim back with the view's writes: nothing is kept.
-            response = self.finalize_response(request, super().post(request, *args, **kwargs))
-            response.render()
-            cursor.execute(COMPLETE, [response.status_code, response.content, row])
-        return response
-
-    def replay(self, key: str, status: int, body: bytes, fingerprint: str) -> HttpResponse:
-        return HttpResponse(body, status=status, content_type="application/json")
-
-
-class NaiveCachedPaymentList(NaivePaymentList):
-    """The naive view behind the same Redis as the replay cache's: a key's first replay stores
-    its answer there, and later ones are one ``GET`` after authentication and permissions."""
-
-    def post(self, request: Request, *args: Any, **kwargs: Any) -> Any:
-        header = request.headers.get("Idempotency-Key")
-        if header is not None:
-            stored = caches["bench-replay"].get(f"naive:{request.user.pk}:{header}")
-            if stored is not None:
-                status, body, fingerprint = stored
-                if fingerprint == hashlib.sha256(request._request.body).hexdigest():
-                    return HttpResponse(body, status=status, content_type="application/json")
-        return super().post(request, *args, **kwargs)
-
-    def replay(self, key: str, status: int, body: bytes, fingerprint: str) -> HttpResponse:
-        caches["bench-replay"].set(f"naive:{key}", (status, body, fingerprint), timeout=3600)
-        return super().replay(key, status, body, fingerprint)
+def naive_idempotent(
+    request: HttpRequest,
+    user_id: Any,
+    respond: Callable[[], HttpResponse],
+    cache: BaseCache | None = None,
+) -> HttpResponse:
+    """``respond()``'s response, once per key of the user; a key already used replays it."""
+    header = request.headers.get("Idempotency-Key")
+    if header is None:
+        return respond()
+    key = f"{user_id}:{header}"
+    fingerprint = hashlib.sha256(request.body).hexdigest()
+    if cache is not None and (stored := cache.get(f"naive:{key}")) is not None:
+        status, body, stored_fingerprint = stored
+        if stored_fingerprint == fingerprint:
+            return HttpResponse(body, status=status, content_type="application/json")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(CLAIM[connection.vendor], [key, fingerprint])
+        if connection.vendor == "postgresql":
+            claimed = cursor.fetchone()
+            row = None if claimed is None else claimed[0]
+        else:
+            row = cursor.lastrowid if cursor.rowcount == 1 else None
+        if row is None:
+            cursor.execute(REPLAY, [key])
+            status, body, stored_fingerprint = cursor.fetchone()
+            if stored_fingerprint != fingerprint:
+                return JsonResponse({"detail": "key reused"}, status=422)
+            if cache is not None:
+                cache.set(f"naive:{key}", (status, bytes(body), fingerprint), timeout=3600)
+            return HttpResponse(bytes(body), status=status, content_type="application/json")
+        # An exception rolls the claim back with the view's writes: nothing is kept.
+        response = respond()
+        cursor.execute(COMPLETE, [response.status_code, response.content, row])
+    return response
 
 
 RECORD = {
@@ -108,16 +86,16 @@ RECORD = {
 }
 
 
-@csrf_exempt
-def naive_webhook(request: HttpRequest) -> JsonResponse:
+def naive_webhook(request: HttpRequest, secret: str) -> JsonResponse:
     """Check the ``Stripe-Signature`` header (``t=<unix>,v1=<hex>``: HMAC-SHA256 of
     ``"<t>.<body>"``, five minutes' tolerance), then record the event once by its id."""
     fields = dict(
         item.partition("=")[::2] for item in request.headers.get("Stripe-Signature", "").split(",")
     )
     timestamp, signature = fields.get("t", ""), fields.get("v1", "")
-    secret = settings.PROVIDER_WEBHOOK_SECRETS[0].encode()
-    expected = hmac.new(secret, f"{timestamp}.".encode() + request.body, hashlib.sha256).hexdigest()
+    expected = hmac.new(
+        secret.encode(), f"{timestamp}.".encode() + request.body, hashlib.sha256
+    ).hexdigest()
     if not (
         timestamp.isdigit()
         and hmac.compare_digest(expected, signature)

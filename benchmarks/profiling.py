@@ -2,8 +2,9 @@
 """Where a keyed request's time goes: the benchmark's views in this process, on PostgreSQL.
 
 Serves the benchmark's URLs (benchmarks/settings.py: the example app, persistent connections,
-logging at WARNING) through Django's WSGI handler in this process, without a server or a
-network, to one PostgreSQL database of its own. For run.py's requests (bare, fresh, replay,
+logging at WARNING; with --minimal, the minimal project of benchmarks/minimal instead) through
+Django's WSGI handler in this process, without a server or a network, to one PostgreSQL
+database of its own. For run.py's requests (bare, fresh, replay,
 naive-fresh, naive-replay, cached-fresh, cached-replay, naive-cached-replay) and its webhooks
 (bare-webhook, naive-webhook, and inbox-database: the inbox's "database" runner, whose request
 only records the event; each event is delivered twice, new then a duplicate, and timed as one
@@ -20,7 +21,7 @@ read the shares, not the milliseconds). --stats DIR keeps the profiles for pstat
 
 Needs a PostgreSQL server (PGHOST/PGPORT/PGUSER, default 127.0.0.1:5432/postgres) and Redis on
 127.0.0.1:6379 (the cached-* scenarios' replay cache).
-Usage: python benchmarks/profiling.py [--requests N] [--stats DIR]
+Usage: python benchmarks/profiling.py [--minimal] [--requests N] [--stats DIR]
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ from benchmarks.common import ROOT, drop_database, millis, recreate_database, ta
 from benchmarks.databases import DATABASES
 from benchmarks.run import AUTH, BODY, SCENARIOS, signer
 
+# Each shape: its settings, its scenarios (run.py's names), and its replay cache's alias.
+SHAPES = {
+    "example": {"settings": "benchmarks.settings", "cache": "bench-replay"},
+    "minimal": {"settings": "benchmarks.minimal.settings", "cache": "replay"},
+}
+
 DATABASE = "idempotency_bench_profile"
 PROFILED = ("fresh", "replay", "naive-fresh", "naive-replay", "cached-fresh", "cached-replay")
 REQUESTS = ("bare", *PROFILED, "naive-cached-replay")
@@ -58,7 +65,7 @@ PARTS = {
         "_authenticate",
     ),
     "the idempotency engine, all of it": ("django_idempotency/core/engine.py", "handle"),
-    "… the view it runs (serializer, payment, ledger entry)": (
+    "… the view it runs": (
         "django_idempotency/core/keyed_request.py",
         "__call__",
     ),
@@ -69,6 +76,10 @@ PARTS = {
     "… canonical JSON and SHA-256 (request_fingerprint)": (
         "django_idempotency/core/fingerprint.py",
         "request_fingerprint",
+    ),
+    "… the read of the key's row (KeyStore.lookup: its statement)": (
+        "django_idempotency/core/store.py",
+        "lookup",
     ),
     "… the claim (KeyStore.acquire: its statement)": (
         "django_idempotency/core/store.py",
@@ -89,7 +100,7 @@ PARTS = {
         "send_robustly",
     ),
     "… structured logging (only at INFO)": ("django_idempotency/core/outcomes.py", "_log"),
-    "the naive view's post()": ("benchmarks/naive.py", "post"),
+    "the naive layer, with the view it runs": ("benchmarks/naive.py", "naive_idempotent"),
     "every SQL statement (Django's cursor)": ("django/db/backends/utils.py", "_execute"),
     "commits": ("django/db/backends/base/base.py", "commit"),
 }
@@ -124,16 +135,19 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=500, help="requests per scenario")
     parser.add_argument("--stats", type=Path, help="keep each scenario's profile in this folder")
+    parser.add_argument(
+        "--minimal", action="store_true", help="the minimal project (benchmarks/minimal)"
+    )
     args = parser.parse_args(argv)
     if args.requests < 1:
         parser.error("--requests must be at least 1")
     return args
 
 
-def setup() -> Any:
-    """Django on the benchmark's settings and a new database; the WSGI handler."""
+def setup(shape: str) -> Any:
+    """Django on the shape's settings and a new database; the WSGI handler."""
     sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.settings"
+    os.environ["DJANGO_SETTINGS_MODULE"] = SHAPES[shape]["settings"]
     os.environ["DATABASE_URL"] = DATABASES["postgresql"].url(DATABASE)
     # The inbox's "database" runner: a delivery records its event, and no worker runs here.
     os.environ["BENCH_INBOX_RUNNER"] = "database"
@@ -146,10 +160,10 @@ def setup() -> Any:
     from django.core.management import call_command  # noqa: PLC0415
     from django.db import connection  # noqa: PLC0415
 
-    call_command("migrate", verbosity=0)
+    call_command("migrate", verbosity=0, run_syncdb=True)
     from django.core.cache import caches  # noqa: PLC0415
 
-    caches["bench-replay"].clear()  # the cached-* scenarios' replay cache (Redis)
+    caches[SHAPES[shape]["cache"]].clear()  # the cached-* scenarios' replay cache (Redis)
     with connection.cursor() as cursor:
         cursor.execute(DATABASES["postgresql"].naive_table)
         cursor.execute(DATABASES["postgresql"].bare_table)
@@ -161,8 +175,18 @@ def setup() -> Any:
 class Client:
     """POSTs the benchmark's payment, or a signed webhook, to the WSGI handler as gunicorn would."""
 
-    def __init__(self, handler: Any) -> None:
+    def __init__(self, handler: Any, shape: str) -> None:
         self.handler = handler
+        self.scenarios = SCENARIOS
+        self.sign = lambda body: signer().sign(body)
+        if shape == "minimal":
+            from django.conf import settings  # noqa: PLC0415
+
+            from benchmarks.minimal.bench import SCENARIOS as MINIMAL  # noqa: PLC0415
+            from django_idempotency.inbox import StripeSignature  # noqa: PLC0415
+
+            self.scenarios = MINIMAL
+            self.sign = StripeSignature([settings.WEBHOOK_SECRET]).sign
         self.counter = 0
         self.deliveries: dict[str, int] = {}
 
@@ -174,7 +198,7 @@ class Client:
             body, headers, expected = self._payment(scenario)
         environ = {
             "REQUEST_METHOD": "POST",
-            "PATH_INFO": SCENARIOS[scenario]["path"],
+            "PATH_INFO": self.scenarios[scenario]["path"],
             "SCRIPT_NAME": "",
             "QUERY_STRING": "",
             "SERVER_NAME": "127.0.0.1",
@@ -205,7 +229,7 @@ class Client:
     def _payment(self, scenario: str) -> tuple[bytes, dict[str, str], str]:
         self.counter += 1
         headers = {"HTTP_AUTHORIZATION": AUTH}
-        key = SCENARIOS[scenario]["key"]
+        key = self.scenarios[scenario]["key"]
         if key != "none":
             headers["HTTP_IDEMPOTENCY_KEY"] = key or f"profile-{self.counter}"
         return BODY.encode(), headers, "201"
@@ -220,7 +244,7 @@ class Client:
         number = (sent - 1) // 2  # each event twice in a row
         event = {"id": f"evt_profile_{number}", "type": "refund.succeeded"}
         body = json.dumps({**event, "data": {"refund": number, "sequence": 1}}).encode()
-        signature = signer().sign(body)["Stripe-Signature"]
+        signature = self.sign(body)["Stripe-Signature"]
         return body, {"HTTP_STRIPE_SIGNATURE": signature}, "200"
 
 
@@ -393,7 +417,8 @@ def costs(client: Client, scenarios: tuple[str, ...], requests: int) -> str:
 def measure(args: argparse.Namespace) -> str:
     """Every table of this script, in Markdown; the database is gone afterwards."""
     try:
-        client = Client(setup())
+        shape = "minimal" if args.minimal else "example"
+        client = Client(setup(shape), shape)
         for scenario in (
             *("replay", "naive-replay"),
             *("cached-replay", "cached-replay"),

@@ -1,0 +1,7 @@
+"""``python -m benchmarks.minimal``: see ``bench.py``."""
+
+from __future__ import annotations
+
+from benchmarks.minimal.bench import main
+
+main()

@@ -1,0 +1,20 @@
+from __future__ import annotations
+
+from django.urls import include, path
+from rest_framework.routers import SimpleRouter
+
+from benchmarks.minimal import views
+
+router = SimpleRouter()
+router.register("bare/payments", views.BarePayments, "bare")
+router.register("payments", views.Payments, "payments")
+router.register("cached/payments", views.CachedPayments, "cached")
+router.register("naive/payments", views.NaivePayments, "naive")
+router.register("naive/cached/payments", views.NaiveCachedPayments, "naive-cached")
+
+urlpatterns = [
+    path("", include(router.urls)),
+    path("bare/webhooks/", views.bare_webhook),
+    path("naive/webhooks/", views.naive_inbox),
+    path("webhooks/", views.ProviderWebhook.as_view()),
+]
