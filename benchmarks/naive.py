@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connection, transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
 from benchmarks.databases import NAIVE_EVENT_TABLE
 from benchmarks.databases import NAIVE_TABLE as TABLE
@@ -106,3 +107,15 @@ def naive_webhook(request: HttpRequest, secret: str) -> JsonResponse:
     with connection.cursor() as cursor:
         cursor.execute(RECORD[connection.vendor], [payload["id"], request.body.decode()])
     return JsonResponse({"status": "recorded"})
+
+
+@csrf_exempt
+def bare_webhook(request: HttpRequest) -> JsonResponse:
+    """What the inbox is measured against: parse the body and insert it, nothing more."""
+    payload = json.loads(request.body)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO bench_bare_event (event_id, payload) VALUES (%s, %s)",
+            [payload["id"], request.body.decode()],
+        )
+    return JsonResponse({"status": "inserted"})

@@ -3,20 +3,19 @@ naive floors."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.cache import caches
-from django.db import connection, transaction
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import generics
 
-from benchmarks.naive import naive_idempotent, naive_webhook
+from benchmarks.naive import bare_webhook, naive_idempotent, naive_webhook
 from example_project.urls import urlpatterns as example_urlpatterns
 from payments import provider
 from payments.async_views import authenticated, created, payment_input
@@ -102,18 +101,6 @@ def _record_atomically(owner: Any, data: dict[str, Any], reference: str) -> Paym
             currency=payment.currency,
         )
     return payment
-
-
-@csrf_exempt
-def bare_webhook(request: HttpRequest) -> JsonResponse:
-    """What the inbox is measured against: parse the body and insert it, nothing more."""
-    payload = json.loads(request.body)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO bench_bare_event (event_id, payload) VALUES (%s, %s)",
-            [payload["id"], request.body.decode()],
-        )
-    return JsonResponse({"status": "inserted"})
 
 
 @csrf_exempt

@@ -4,6 +4,7 @@ from django.urls import include, path
 from rest_framework.routers import SimpleRouter
 
 from benchmarks.minimal import views
+from benchmarks.naive import bare_webhook
 
 router = SimpleRouter()
 router.register("bare/payments", views.BarePayments, "bare")
@@ -14,7 +15,7 @@ router.register("naive/cached/payments", views.NaiveCachedPayments, "naive-cache
 
 urlpatterns = [
     path("", include(router.urls)),
-    path("bare/webhooks/", views.bare_webhook),
+    path("bare/webhooks/", bare_webhook),
     path("naive/webhooks/", views.naive_inbox),
     path("webhooks/", views.ProviderWebhook.as_view()),
 ]

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.cache import caches
-from django.db import connection
-from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers, viewsets
 
@@ -19,6 +16,7 @@ from django_idempotency.drf import IdempotentMixin
 from django_idempotency.inbox import StripeSignature, WebhookReceiverView, inbox_handler
 
 if TYPE_CHECKING:
+    from django.http import HttpRequest, JsonResponse
     from rest_framework.request import Request
     from rest_framework.response import Response
 
@@ -66,18 +64,6 @@ class NaivePayments(BarePayments):
 
 class NaiveCachedPayments(NaivePayments):
     cache = "replay"
-
-
-@csrf_exempt
-def bare_webhook(request: HttpRequest) -> JsonResponse:
-    """What the inbox is measured against: parse the body and insert it, nothing more."""
-    payload = json.loads(request.body)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO bench_bare_event (event_id, payload) VALUES (%s, %s)",
-            [payload["id"], request.body.decode()],
-        )
-    return JsonResponse({"status": "inserted"})
 
 
 @csrf_exempt
