@@ -50,11 +50,20 @@ def again_after_deadlocks(
 
     Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
     then rolls one back. Nothing was done, so doing it again is safe; but not inside a caller's
-    transaction, which the deadlock rolled back as well.
+    transaction, which the deadlock rolled back as well. On a connection set above READ
+    COMMITTED, ``work``'s transaction still runs at READ COMMITTED: there InnoDB would also lock
+    the gaps between the rows read, and two sweepers would deadlock each other on most batches.
     """
     if connection.in_atomic_block:
         return work()
+    own_level = False
+    if connection.vendor == "mysql":
+        connection.ensure_connection()  # the level is known once connected
+        own_level = getattr(connection, "isolation_level", None) != "read committed"
     for attempt in range(1, attempts + 1):
+        if own_level:
+            with connection.cursor() as cursor:  # for the next transaction only
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
         try:
             return work()
         except OperationalError as exc:

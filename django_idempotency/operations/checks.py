@@ -92,12 +92,13 @@ def check_mariadb(
             )
         ]
     # Every decision on a key is made on a locked row, under any level; but above READ
-    # COMMITTED, InnoDB's gap locks make concurrent relays, sweeps and purges deadlock.
+    # COMMITTED, InnoDB's gap locks make concurrent relays and inbox runs deadlock. (Sweeps
+    # and purges set their own transactions to READ COMMITTED.)
     if connection.isolation_level != "read committed":
         return [
             Warning(
                 f"The {alias!r} database runs at {connection.isolation_level!r}: concurrent "
-                "outbox relays, inbox runs, sweeps and purges can deadlock there.",
+                "outbox relays and inbox runs can deadlock there.",
                 hint="Remove OPTIONS['isolation_level'] to use Django's 'read committed'.",
                 id="django_idempotency.W006",
             )
