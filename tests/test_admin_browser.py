@@ -22,7 +22,7 @@ from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish, relay
 from django_idempotency.outbox import relaying as outbox_relaying
 from tests.conftest import ApiClient
-from tests.factories import UserFactory
+from tests.factories import IdempotencyKeyFactory, UserFactory
 from tests.inbox import deliver, refund_event
 from tests.testapp.models import Refund
 
@@ -155,6 +155,46 @@ def test_the_key_list_fits_1366_pixels_and_finds_keys_by_prefix_user_and_route(
     assert "old-key" in page.locator("#result_list").inner_text()
     page.click("#changelist-filter >> text=Within an hour")
     expect(rows(page)).to_have_count(0)
+
+
+def test_the_key_list_fits_1366_pixels_with_long_principals_and_a_task_key(page, live_server):
+    # What the example's demo leaves, and the longest names Django's user model takes.
+    IdempotencyKeyFactory(
+        scope="task:payments.tasks.send_receipt",
+        method="TASK",
+        route="payments.tasks.send_receipt",
+        key="payment-17-receipt",
+        completed=True,
+    )
+    IdempotencyKeyFactory(
+        scope="task:payments.tasks.settle_marketplace_payouts_for_connected_accounts|tenant:acme",
+        method="TASK",
+        route="payments.tasks.settle_marketplace_payouts_for_connected_accounts",
+        completed=True,
+    )
+    long_name = "accounts-payable-reconciliation@" + "finance." * 12 + "example.com"
+    user = UserFactory(username=long_name[:150])
+    IdempotencyKeyFactory(
+        scope=f"auth.user:{user.pk} POST api/v1/organisations/<slug:organisation>/payments/",
+        route="api/v1/organisations/<slug:organisation>/payments/<uuid:payment_id>/captures/",
+        key=UUID_KEY,
+        completed=True,
+    )
+    log_in(page, live_server)
+    page.set_viewport_size({"width": 1366, "height": 768})
+    page.goto(f"{live_server.url}/admin/django_idempotency/idempotencykey/")
+    expect(rows(page)).to_have_count(3)
+
+    assert_every_column_fits(page)
+    who = page.locator("#result_list td.field-who")
+    assert sorted(who.all_inner_texts()) == ["Celery task", long_name[:150], "tenant acme"]
+    headers = page.locator("#result_list thead").inner_text().lower()
+    assert "replay count" in headers
+    # Cut short on screen, whole on hover.
+    user_cell = page.locator(f"#result_list .idempotency-cut[title='auth.user:{user.pk}']")
+    assert user_cell.evaluate("cell => cell.scrollWidth > cell.clientWidth")
+    last = page.locator("#result_list thead th").last.bounding_box()
+    assert last["x"] + last["width"] <= 1366
 
 
 def test_an_operator_finds_a_key_reads_its_response_and_cleans_up(page, live_server, keys, images):

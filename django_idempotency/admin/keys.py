@@ -264,18 +264,26 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
 
     @admin.display(description=_("who"))
     def who(self, obj: IdempotencyKey) -> str:
-        """The principal as a person reads it: a username, linked to the user's page."""
-        name, url = getattr(obj, "_principal", (_principal(obj.scope), None))
+        """The principal as a person reads it: a username, linked to the user's page; a
+        Celery task's key says so (its name is the operation). Cut short, whole on hover."""
+        principal = _principal(obj.scope)
+        name, url = getattr(obj, "_principal", (principal, None))
+        if obj.method == TASK_METHOD:
+            tenant = obj.scope.partition("|tenant:")[2]
+            name, url = (f"tenant {tenant}" if tenant else _("Celery task")), None
+        cut = format_html('<span class="idempotency-cut" title="{}">{}</span>', principal, name)
         if url:
-            return format_html('<a href="{}">{}</a>', url, name)
-        return name
+            return format_html('<a href="{}">{}</a>', url, cut)
+        return cut
 
     @admin.display(description=_("operation"), ordering="route")
     def operation(self, obj: IdempotencyKey) -> str:
         # A long route pattern is cut by the style sheet; the title holds it whole.
         operation = f"{obj.method} {obj.route}"
         return format_html(
-            '<span class="idempotency-route" title="{}">{}</span>', operation, operation
+            '<span class="idempotency-cut idempotency-route" title="{}">{}</span>',
+            operation,
+            operation,
         )
 
     @admin.display(description=_("status"), ordering="response_status")
