@@ -617,6 +617,18 @@ def metrics_view(module: types.ModuleType, client: Client) -> None:
     assert b"idempotency" in response.content
 
 
+@exercise("docs/observability.md", "def private_metrics(request):")
+def private_metrics_view(module: types.ModuleType, client: Client) -> None:
+    with routed(path("metrics/", module.private_metrics)), override_settings(METRICS_TOKEN="t0k"):
+        assert client.get("/metrics/").status_code == 403
+        assert client.get("/metrics/", headers={"Authorization": "Bearer nope"}).status_code == 403
+        scraped = client.get("/metrics/", headers={"Authorization": "Bearer t0k"})
+        assert scraped.status_code == 200
+        assert b"idempotency" in scraped.content
+        client.force_login(UserFactory(is_staff=True))
+        assert client.get("/metrics/").status_code == 200
+
+
 @exercise("docs/observability.md", "class PaymentsConfig(")
 @exercise("docs/outbox.md", "class OrdersConfig(")
 def app_config_ready(module: types.ModuleType, client: Client) -> None:

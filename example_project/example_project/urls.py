@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import hmac
+
+from django.conf import settings
 from django.contrib import admin
 from django.http import HttpRequest, HttpResponse
 from django.urls import include, path
@@ -13,7 +16,15 @@ from payments.webhooks import PaymentEventsWebhook, ProviderWebhook
 
 
 def metrics(request: HttpRequest) -> HttpResponse:
-    """Prometheus metrics: the library's counters and backlog gauges, among any others."""
+    """Prometheus metrics: the library's counters and backlog gauges, among any others.
+
+    For staff, or for a scraper that sends ``Authorization: Bearer <METRICS_TOKEN>``: route
+    names, task names and backlogs are not for everyone.
+    """
+    token = settings.METRICS_TOKEN
+    sent = request.headers.get("Authorization", "")
+    if not (request.user.is_staff or (token and hmac.compare_digest(sent, f"Bearer {token}"))):
+        return HttpResponse("Staff or the metrics token only.\n", status=403)
     return HttpResponse(generate_latest(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -145,9 +145,22 @@ def test_the_schema_documents_keys_and_preconditions(alice):
 def test_the_metrics_count_decisions(alice):
     post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "metrics-key")
     post(alice, "/api/payments/", {"amount": 100, "currency": "EUR"}, "metrics-key")
-    scraped = Client().get("/metrics/").content.decode()
+    assert Client().get("/metrics/").status_code == 403  # not for everyone
+    staff = Client()
+    staff.force_login(User.objects.create_user("ops", is_staff=True))
+    scraped = staff.get("/metrics/").content.decode()
     assert 'django_idempotency_requests_total{outcome="replayed",route="api/payments/"}' in scraped
     assert "django_idempotency_inbox_dead_events 0.0" in scraped
+
+
+@pytest.mark.django_db
+def test_a_scraper_reads_the_metrics_with_the_token(settings):
+    settings.METRICS_TOKEN = "scrape-me"
+    scraper = Client()
+    assert scraper.get("/metrics/", headers={"Authorization": "Bearer wrong"}).status_code == 403
+    scraped = scraper.get("/metrics/", headers={"Authorization": "Bearer scrape-me"})
+    assert scraped.status_code == 200
+    assert b"django_idempotency_requests_total" in scraped.content
 
 
 def test_metadata_must_be_an_object_even_from_a_form(alice):

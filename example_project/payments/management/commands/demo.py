@@ -150,7 +150,7 @@ class Command(BaseCommand):
             f"\nThe API:   {site}/api/payments/ and /api/refunds/"
             f" (alice or bob, password {PASSWORD!r})\n"
             f"The admin: {site}/admin/ (admin, password 'admin')\n"
-            f"OpenAPI:   {site}/api/schema/   Metrics: {site}/metrics/\n"
+            f"OpenAPI:   {site}/api/schema/   Metrics: {site}/metrics/ (as admin)\n"
             "Try it:\n"
             "  curl -i -u alice:password -H 'Idempotency-Key: my-first-key' \\\n"
             "       -H 'Content-Type: application/json' \\\n"
