@@ -43,6 +43,14 @@ from django_idempotency.core.outcomes import Outcome
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
 from django_idempotency.operations import correlation
 
+__all__ = [
+    "TaskInProgress",
+    "TaskKeyInvalid",
+    "TaskKeyMissing",
+    "TaskPayloadMismatch",
+    "idempotent_task",
+]
+
 with optional.requires("celery", __name__):
     from celery import shared_task
 

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from django.db.models import Model
     from django.http import HttpRequest, HttpResponse
 
+__all__ = ["PreconditionError", "etag_for_content", "etag_for_version"]
+
 # The methods whose precondition guards a write. (POST creates; it has no current representation.)
 CONDITIONAL_METHODS = frozenset({"PUT", "PATCH", "DELETE"})
 

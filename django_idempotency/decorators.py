@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
     ViewFunction = Callable[..., HttpResponseBase]
 
+__all__ = ["conditional", "idempotent"]
+
 
 @overload
 def idempotent(view: ViewFunction, /) -> ViewFunction: ...

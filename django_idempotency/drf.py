@@ -9,6 +9,8 @@ from django.db import router, transaction
 
 from django_idempotency.core import optional
 
+__all__ = ["ConditionalMixin", "IdempotentMixin", "JSONParser"]
+
 with optional.requires("drf", __name__):
     from rest_framework import parsers
     from rest_framework.exceptions import ParseError

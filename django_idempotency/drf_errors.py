@@ -16,6 +16,8 @@ from django.http import Http404
 
 from django_idempotency.core import optional
 
+__all__ = ["DependencyTimeout", "DependencyUnavailable", "problem_exception_handler"]
+
 with optional.requires("drf", __name__):
     from rest_framework import exceptions
     from rest_framework.views import exception_handler

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["PermanentError"]
+
 
 class PermanentError(Exception):
     """Trying again cannot succeed: raised by an inbox handler or an outbox dispatcher.

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
     from django.http import HttpRequest, HttpResponseBase
 
+__all__ = [
+    "RetryGuardMiddleware",
+    "current",
+    "remaining",
+    "retries_allowed",
+]
+
 #: Sent by a caller that retries the request itself: the callee must not retry on its behalf.
 DO_NOT_RETRY_HEADER: Final = "Do-Not-Retry"
 

@@ -10,6 +10,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
+__all__ = [
+    "InvalidKey",
+    "ScopedKey",
+    "downstream_key",
+    "key_of",
+]
+
 MAX_LENGTH = 255
 
 # Visible ASCII (RFC 5234 VCHAR): no spaces, no control characters, nothing beyond 0x7E.

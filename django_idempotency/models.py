@@ -17,6 +17,8 @@ from django_idempotency.core.lifecycle import (
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+__all__ = ["IdempotencyKey", "InboxEvent", "OutboxMessage"]
+
 
 class PartialIndex(models.Index):
     """An index on the rows ``where`` matches, on databases with partial indexes.

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
     Recover = Callable[..., HttpResponseBase | None]
 
+__all__ = ["Policy", "ViewOptions"]
+
 
 class ViewOptions(TypedDict, total=False):
     """The options a view may set; one left out (or ``None``) follows its ``IDEMPOTENCY`` key.

@@ -11,6 +11,8 @@ from django.http import HttpResponse
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+__all__ = ["Problem"]
+
 # What a client does with its idempotency key when it sends the request again: the same key
 # (nothing was kept under it), a new key (the key is bound to another request, or its answer
 # was kept), or not at all (the answer is final).

@@ -35,6 +35,14 @@ if TYPE_CHECKING:
 
     from django.http import HttpResponseBase
 
+__all__ = [
+    "ExpiredKey",
+    "NothingHappened",
+    "Reconciled",
+    "SweepResult",
+    "Unknown",
+]
+
 
 @dataclass(frozen=True)
 class ExpiredKey:

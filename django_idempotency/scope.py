@@ -8,6 +8,8 @@ from django.core.exceptions import PermissionDenied
 
 from django_idempotency.conf import idempotency_settings
 
+__all__ = ["AnonymousRejected", "default_scope", "get_principal"]
+
 
 class AnonymousRejected(PermissionDenied):
     """Raised by a scope function that will not accept an anonymous request."""

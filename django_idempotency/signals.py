@@ -16,6 +16,28 @@ import logging
 
 from django.dispatch import Signal
 
+__all__ = [
+    "DECISION_SIGNALS",
+    "database_unavailable",
+    "inbox_delivery_refused",
+    "inbox_event_dead",
+    "inbox_event_duplicate",
+    "inbox_event_failed",
+    "inbox_event_processed",
+    "inbox_event_received",
+    "key_invalid",
+    "key_missing",
+    "key_replayed",
+    "key_stored",
+    "lease_renewed",
+    "lease_taken_over",
+    "payload_mismatch",
+    "replay_cache_failed",
+    "request_in_progress",
+    "response_not_stored",
+    "task_decided",
+]
+
 logger = logging.getLogger("django_idempotency")
 
 #: A fresh request ran and its response was stored with the key.

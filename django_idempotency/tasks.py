@@ -10,6 +10,16 @@ from django_idempotency.inbox.processing import dispatch_due, process
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox.relaying import relay
 
+__all__ = [
+    "dispatch_due_inbox_events",
+    "process_inbox_event",
+    "purge_dispatched_outbox_messages",
+    "purge_expired_keys",
+    "purge_processed_inbox_events",
+    "relay_outbox",
+    "sweep_expired_leases",
+]
+
 
 @task("django_idempotency.purge_expired_keys")
 def purge_expired_keys(
