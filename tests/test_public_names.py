@@ -1,8 +1,12 @@
-"""Every name the docs show users, by import or by dotted path, resolves.
+"""The public API: the names the project promises to keep, and the docs that show no others.
 
-The package's layout may change; what a user's code, settings and logging configuration name
-must keep working. The names are read from the docs themselves, so a page that shows a new one
-is guarded too.
+``PUBLIC`` is the promise, written out once more on purpose: removing or renaming a public name
+fails here, and so does adding one to a module's ``__all__`` without deciding that it is public
+(and listing it in docs/api.md). Every name the docs show users, by import or by dotted path,
+must resolve and be public: the package's layout may change, but what a user's code, settings
+and logging configuration name must keep working, and a page that showed a private name would
+teach users to depend on it. The names are read from the docs themselves, so a page that shows a
+new one is guarded too.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+API_PAGE = ROOT / "docs" / "api.md"
 PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").glob("*.md")])
 # Not the changelog: it tells what each name was when it changed.
 PAGES = [page for page in PAGES if page.name != "changelog.md"]
@@ -30,6 +35,126 @@ TASK_NAMES = set(
         r'@task\("(django_idempotency\.\w+)"', (ROOT / "django_idempotency/tasks.py").read_text()
     )
 )
+
+PUBLIC: dict[str, set[str]] = {
+    "admin": {"CappedPaginator", "IdempotencyKeyAdmin", "InboxEventAdmin", "OutboxMessageAdmin"},
+    "backoff": {"decorrelated_jitter", "equal_jitter", "full_jitter"},
+    "brokers": {"BrokerDispatcher", "MessageConsumer", "consume", "handle"},
+    "celery": {
+        "TaskInProgress",
+        "TaskKeyInvalid",
+        "TaskKeyMissing",
+        "TaskPayloadMismatch",
+        "idempotent_task",
+    },
+    "client": {
+        "AsyncRetryTransport",
+        "CircuitBreaker",
+        "CircuitBreakers",
+        "CircuitOpen",
+        "RETRYABLE_STATUSES",
+        "RetryAdapter",
+        "RetryBudget",
+        "RetryBudgets",
+        "RetryPolicy",
+        "RetryTransport",
+        "retrying_async_client",
+        "retrying_client",
+        "retrying_session",
+    },
+    "conditional": {"PreconditionError", "etag_for_content", "etag_for_version"},
+    "correlation": {"CorrelationIdFilter", "CorrelationIdMiddleware", "get_correlation_id"},
+    "decorators": {"conditional", "idempotent"},
+    "drf": {"ConditionalMixin", "IdempotentMixin", "JSONParser"},
+    "drf_errors": {"DependencyTimeout", "DependencyUnavailable", "problem_exception_handler"},
+    "engine": {"Engine"},
+    "exceptions": {"PermanentError"},
+    "guard": {"RetryGuardMiddleware", "current", "remaining", "retries_allowed"},
+    "inbox": {
+        "ANY_TYPE",
+        "GitHubSignature",
+        "HMACVerifier",
+        "PermanentError",
+        "ProcessResult",
+        "Receipt",
+        "SignatureError",
+        "StandardWebhooksSignature",
+        "StripeSignature",
+        "Verifier",
+        "WebhookReceiverView",
+        "dispatch_due",
+        "inbox_handler",
+        "mark_dead",
+        "process",
+        "receive",
+        "register_handler",
+        "reprocess",
+        "retry_now",
+    },
+    "keys": {"InvalidKey", "ScopedKey", "downstream_key", "key_of"},
+    "metrics": {"register_database_gauges"},
+    "models": {"IdempotencyKey", "InboxEvent", "OutboxMessage"},
+    "ninja": {"PROBLEM_MEDIA_TYPE", "idempotency_extra", "idempotent", "ninja_scope", "principal"},
+    "openapi": {"IdempotencySchemaExtension", "PROBLEM_MEDIA_TYPE", "document"},
+    "outbox": {
+        "ANY_TOPIC",
+        "CeleryTaskDispatcher",
+        "DispatchError",
+        "PermanentDispatchError",
+        "PermanentError",
+        "RelayResult",
+        "WebhookDispatcher",
+        "envelope",
+        "outbox_dispatcher",
+        "publish",
+        "redeliver",
+        "register_dispatcher",
+        "relay",
+    },
+    "policy": {"Policy", "ViewOptions"},
+    "problems": {"Problem"},
+    "reconcile": {"ExpiredKey", "NothingHappened", "Reconciled", "SweepResult", "Unknown"},
+    "scope": {"AnonymousRejected", "default_scope", "get_principal"},
+    "signals": {
+        "DECISION_SIGNALS",
+        "database_unavailable",
+        "inbox_delivery_refused",
+        "inbox_event_dead",
+        "inbox_event_duplicate",
+        "inbox_event_failed",
+        "inbox_event_processed",
+        "inbox_event_received",
+        "key_invalid",
+        "key_missing",
+        "key_replayed",
+        "key_stored",
+        "lease_renewed",
+        "lease_taken_over",
+        "payload_mismatch",
+        "replay_cache_failed",
+        "request_in_progress",
+        "response_not_stored",
+        "task_decided",
+    },
+    "signing": {
+        "GitHubSignature",
+        "HMACVerifier",
+        "SignatureError",
+        "StandardWebhooksSignature",
+        "StripeSignature",
+    },
+    "store": {"replay_counts"},
+    "tasks": {
+        "dispatch_due_inbox_events",
+        "process_inbox_event",
+        "purge_dispatched_outbox_messages",
+        "purge_expired_keys",
+        "purge_processed_inbox_events",
+        "relay_outbox",
+        "sweep_expired_leases",
+    },
+    "testing": {"IdempotentAPIClient", "assert_idempotent", "idempotency_disabled"},
+}
 
 
 def _imports() -> set[tuple[str, str]]:
@@ -81,3 +206,37 @@ def test_every_name_the_docs_import_resolves(module, name):
 @pytest.mark.parametrize("path", sorted(_dotted()))
 def test_every_dotted_name_the_docs_show_resolves(path):
     assert _resolve(path) is not None
+
+
+@pytest.mark.parametrize("module", sorted(PUBLIC))
+def test_each_public_module_exports_what_is_promised_and_nothing_else(module):
+    imported = importlib.import_module(f"django_idempotency.{module}")
+    assert set(imported.__all__) == PUBLIC[module]
+    for name in imported.__all__:
+        assert hasattr(imported, name), f"django_idempotency.{module}.{name} is gone"
+
+
+def test_the_api_page_lists_every_public_module_and_name():
+    page = API_PAGE.read_text()
+    for module, names in PUBLIC.items():
+        assert f"`django_idempotency.{module}`" in page, module
+        for name in names:
+            assert re.search(rf"`{re.escape(name)}`", page), f"{module}.{name}"
+
+
+def _public(module: str, name: str | None) -> bool:
+    if module == "django_idempotency":  # from django_idempotency import signals
+        return name in PUBLIC
+    short = module.removeprefix("django_idempotency.")
+    return short in PUBLIC and (name is None or name in PUBLIC[short])
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(_imports()))
+def test_every_name_the_docs_import_is_public(module, name):
+    assert _public(module, name), f"the docs import a private name: {module}.{name}"
+
+
+@pytest.mark.parametrize("path", sorted(_dotted()))
+def test_every_dotted_name_the_docs_show_is_public(path):
+    module, _, rest = path.removeprefix("django_idempotency.").partition(".")
+    assert _public(module, rest.split(".")[0] or None), f"the docs show a private name: {path}"
