@@ -90,9 +90,10 @@ from django_idempotency.models import IdempotencyKey, OutboxMessage
 from django_idempotency.operations.checks import MARIADB_JSON_DEPTH
 from django_idempotency.outbox import dispatchers
 from django_idempotency.reconcile import ExpiredKey, NothingHappened, Reconciled, Unknown
+from django_idempotency.signing import StripeSignature
 from tests import docs_project
 from tests.factories import UserFactory
-from tests.testapp.models import LedgerEntry, Payment
+from tests.testapp.models import LedgerEntry, Payment, Refund
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -694,6 +695,120 @@ def reconcile_hook(module: types.ModuleType, client: Client) -> None:
     unavailable = docs_project.Provider.Unavailable
     with mock.patch.object(docs_project.provider, "find_charge", side_effect=unavailable):
         assert isinstance(ask("key-charged"), Unknown)
+
+
+@exercise("docs/recipes.md", "class ChargeView(")
+def recipe_charge(module: types.ModuleType, client: Client) -> None:
+    """The answer to a charge is lost; the retry's recovery hook finds it and records it once."""
+    provider = docs_project.provider
+    charge = provider.charge
+
+    def charged_then_lost(*args: Any, **kwargs: Any) -> Any:
+        charge(*args, **kwargs)
+        raise provider.Timeout
+
+    charges = len(provider.charges)
+    headers = {**basic_auth(), "Idempotency-Key": str(uuid.uuid4())}
+
+    def pay(client: Client) -> Any:
+        return client.post(
+            "/charges/", {"amount": 700}, content_type="application/json", headers=headers
+        )
+
+    with routed(path("charges/", module.ChargeView.as_view())):
+        with mock.patch.object(provider, "charge", charged_then_lost):
+            assert pay(Client(raise_request_exception=False)).status_code == 500
+        assert Payment.objects.count() == 0  # rolled back with the failed attempt
+        with mock.patch.object(provider, "charge", wraps=charge) as charging:
+            recovered, replayed = pay(client), pay(client)
+        charging.assert_not_called()  # the recovery hook found the charge
+        assert recovered.status_code == 201, recovered.content
+        assert replayed["Idempotency-Status"] == "replayed"
+        assert replayed.content == recovered.content
+        post_twice(client, "/charges/", {"amount": 300}, basic_auth())  # no failure: post()
+    assert len(provider.charges) == charges + 2
+    payment = Payment.objects.get(amount=700)
+    assert recovered.json() == {"payment": payment.pk, "charge": payment.reference}
+    assert Payment.objects.count() == 2
+
+
+@exercise("docs/recipes.md", "class StripeWebhook(", committing=True)
+def recipe_stripe(module: types.ModuleType, client: Client) -> None:
+    """A signed Stripe event is processed once; its second delivery is a duplicate."""
+    secret = "whsec_tests-only-stripe-secret"
+    body = json.dumps(
+        {
+            "id": "evt_1",
+            "type": "charge.refunded",
+            "data": {"object": {"id": "ch_1", "amount_refunded": 250}},
+        }
+    )
+    headers = StripeSignature(secret).sign(body.encode())
+    answers = []
+    with (
+        routed(path("webhooks/stripe/", module.StripeWebhook.as_view())),
+        override_settings(STRIPE_WEBHOOK_SECRETS=[secret]),
+    ):
+        for _ in "12":
+            response = client.post(
+                "/webhooks/stripe/", body, content_type="application/json", headers=headers
+            )
+            answers.append((response.status_code, response.json()))
+    assert answers == [(200, {"status": "processed"}), (200, {"status": "duplicate"})]
+    (refund,) = Refund.objects.all()
+    assert (refund.event_id, refund.amount) == ("evt_1", 250)
+
+
+@exercise("docs/recipes.md", '@outbox_dispatcher("payment.created")', committing=True)
+def recipe_outbox(module: types.ModuleType, client: Client) -> None:
+    """The payment and its message commit together, the message is dispatched once, and the
+    replay publishes nothing."""
+    sent = len(module.ledger.sent)
+    with routed(path("payments/", module.PaymentCreateView.as_view())):
+        first, _ = post_twice(client, "/payments/", {"amount": 300}, basic_auth())
+    (message,) = OutboxMessage.objects.all()
+    assert message.status == "dispatched"
+    payload = {"payment": first.json()["id"], "amount": 300}
+    assert module.ledger.sent[sent:] == [
+        ("payment.created", payload, {"idempotency_key": str(message.message_id)})
+    ]
+
+
+@exercise("docs/recipes.md", "def record_in_ledger(payment_id):")
+def recipe_task(module: types.ModuleType, client: Client) -> None:
+    payment = Payment.objects.create(amount=400)
+    results = [module.record_in_ledger.apply((payment.pk,)).get() for _ in "12"]
+    (entry,) = LedgerEntry.objects.all()
+    assert results == [{"payment": payment.pk, "entry": entry.pk}] * 2
+    assert entry.amount == 400
+
+
+@exercise("docs/recipes.md", "def tenant_scope(request, route):")
+def recipe_tenant_scope(module: types.ModuleType, client: Client) -> None:
+    """Without the tenant in the scope, a second tenant gets the first one's answer."""
+
+    @csrf_exempt
+    def create_payment(request: Any) -> JsonResponse:
+        return JsonResponse({"tenant": request.headers["X-Tenant"]}, status=201)
+
+    def answers(view: Any) -> list[Any]:
+        key = str(uuid.uuid4())
+        with routed(path("payments/", view)):
+            return [
+                client.post(
+                    "/payments/",
+                    {"amount": 1},
+                    content_type="application/json",
+                    headers={"Idempotency-Key": key, "X-Tenant": tenant},
+                ).json()
+                for tenant in ("acme", "globex")
+            ]
+
+    assert answers(idempotent(create_payment)) == [{"tenant": "acme"}] * 2
+    scoped = idempotent(scope_function=module.tenant_scope)(create_payment)
+    assert answers(scoped) == [{"tenant": "acme"}, {"tenant": "globex"}]
+    scopes = set(IdempotencyKey.objects.values_list("scope", flat=True))
+    assert "anonymous tenant:globex POST payments/" in scopes, scopes
 
 
 def defines_tests(tree: ast.Module) -> bool:
