@@ -8,12 +8,13 @@ purges all write their SQL with these.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import OperationalError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model
@@ -46,30 +47,45 @@ def mariadb_error(exc: OperationalError) -> int | None:
 def again_after_deadlocks(
     work: Callable[[], int], connection: BaseDatabaseWrapper, *, attempts: int = 5
 ) -> int:
-    """Run ``work``, a transaction of its own, again when MariaDB rolls it back for a deadlock.
+    """Run ``work``, transactions of its own, again when MariaDB rolls one back for a deadlock.
 
     Two purges or sweeps at once lock rows and their index entries in different orders: InnoDB
     then rolls one back. Nothing was done, so doing it again is safe; but not inside a caller's
     transaction, which the deadlock rolled back as well. On a connection set above READ
-    COMMITTED, ``work``'s transaction still runs at READ COMMITTED: there InnoDB would also lock
+    COMMITTED, ``work``'s transactions still run at READ COMMITTED: there InnoDB would also lock
     the gaps between the rows read, and two sweepers would deadlock each other on most batches.
     """
     if connection.in_atomic_block:
         return work()
-    own_level = False
-    if connection.vendor == "mysql":
-        connection.ensure_connection()  # the level is known once connected
-        own_level = getattr(connection, "isolation_level", None) != "read committed"
-    for attempt in range(1, attempts + 1):
-        if own_level:
-            with connection.cursor() as cursor:  # for the next transaction only
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        try:
-            return work()
-        except OperationalError as exc:
-            if mariadb_error(exc) != DEADLOCK or attempt == attempts:
-                raise
+    with _read_committed(connection):
+        for attempt in range(1, attempts + 1):
+            try:
+                return work()
+            except OperationalError as exc:
+                if mariadb_error(exc) != DEADLOCK or attempt == attempts:
+                    raise
     raise AssertionError  # unreachable: the last attempt returns or raises
+
+
+@contextmanager
+def _read_committed(connection: BaseDatabaseWrapper) -> Iterator[None]:
+    """The session at READ COMMITTED meanwhile, on MariaDB set otherwise; as it was after."""
+    if connection.vendor != "mysql":
+        yield
+        return
+    connection.ensure_connection()  # the level is known once connected
+    if getattr(connection, "isolation_level", None) == "read committed":
+        yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT @@SESSION.tx_isolation")
+        (level,) = cursor.fetchone()
+        cursor.execute("SET SESSION tx_isolation = 'READ-COMMITTED'")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION tx_isolation = %s", [level])
 
 
 def behind_pooler(connection: BaseDatabaseWrapper) -> bool:
