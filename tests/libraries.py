@@ -16,7 +16,7 @@ IMPORTED_BY = {
     "tenacity": ("client",),
     "httpx": ("client",),
     "requests": ("client",),
-    "prometheus_client": ("operations.metrics",),
+    "prometheus_client": ("operations.metrics", "metrics"),
     "opentelemetry": ("operations.tracing",),
 }
 

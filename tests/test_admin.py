@@ -130,7 +130,8 @@ def test_the_list_shows_a_short_key_in_full_on_hover_and_the_principal_by_name(
     assert f'<span class="idempotency-id" title="{long_key}">b5a91b5c-8f0e…</span>' in page
     assert '<span class="idempotency-id" title="live-key">live-key</span>' in page
     user_page = f"/admin/auth/user/{alice.pk}/change/"
-    assert page.count(f'<a href="{user_page}">alice</a>') == 2
+    alice_cell = f'<span class="idempotency-cut" title="auth.user:{alice.pk}">alice</span>'
+    assert page.count(f'<a href="{user_page}">{alice_cell}</a>') == 2
     assert "auth.user:999999" in page  # a deleted user is named as the scope names it
     assert "anonymous" in page
     assert "POST payments/" in page
@@ -166,7 +167,9 @@ def test_the_principal_is_not_linked_for_a_user_who_may_not_view_users(client, s
 def test_the_key_page_names_the_principal(admin_client, stored, alice):
     page = admin_client.get(f"{CHANGELIST}{stored.pk}/change/").content.decode()
 
-    assert f'<a href="/admin/auth/user/{alice.pk}/change/">alice</a>' in page
+    user_page = f"/admin/auth/user/{alice.pk}/change/"
+    alice_cell = f'<span class="idempotency-cut" title="auth.user:{alice.pk}">alice</span>'
+    assert f'<a href="{user_page}">{alice_cell}</a>' in page
     assert f"auth.user:{alice.pk} POST payments/" in page  # and the scope in full
 
 

@@ -193,6 +193,7 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
         "django_idempotency.celery": "celery",
         "django_idempotency.brokers": "brokers",
         "django_idempotency.client": "client",
+        "django_idempotency.metrics": "metrics",
         "django_idempotency.operations.metrics": "metrics",
         "django_idempotency.operations.tracing": "tracing",
     }
