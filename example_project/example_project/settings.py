@@ -225,12 +225,12 @@ PROVIDER_WEBHOOK_SECRETS = os.environ.get(
     "PROVIDER_WEBHOOK_SECRETS", "whsec_example-project-only"
 ).split(",")
 
-# Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
-# Celery: eager (no broker) unless CELERY_BROKER_URL is set. The beat schedule is the one the
-# operations docs recommend for django-idempotency.
 # /metrics/ answers staff, and a scraper that sends "Authorization: Bearer <this token>".
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 
+# Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
+# Celery: eager (no broker) unless CELERY_BROKER_URL is set. The beat schedule is the one the
+# operations docs recommend for django-idempotency.
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "memory://")
 CELERY_TASK_ALWAYS_EAGER = "CELERY_BROKER_URL" not in os.environ
 CELERY_BEAT_SCHEDULE = {
