@@ -46,7 +46,10 @@ def commands(text: str) -> list[str]:
 @pytest.fixture
 def project(tmp_path):
     """The tutorial's project, built as its first steps say (the virtualenv is this one)."""
-    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"}}
+    # A reader's shell: not the test run's settings, path, or PYTHONSAFEPATH (which the run on
+    # the installed wheel sets, and which would keep manage.py from finding the project).
+    unset = {"DJANGO_SETTINGS_MODULE", "PYTHONPATH", "PYTHONSAFEPATH"}
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     text = PAGE.read_text()
 
     def run(*args: str) -> str:
