@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -11,7 +12,7 @@ from io import StringIO
 import pytest
 from celery import current_app
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -37,7 +38,7 @@ from django_idempotency.queue.backoff import exponential_bound
 from tests.factories import InboxEventFactory
 from tests.inbox import deliver, refund_event
 from tests.test_store import in_threads
-from tests.testapp.models import Refund
+from tests.testapp.models import LedgerEntry, Payment, Refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -477,3 +478,66 @@ def test_a_purge_stops_at_its_time_limit():
 
     assert InboxEvent.objects.purge_processed(older_than=timezone.now(), max_seconds=0) == 0
     assert InboxEvent.objects.purge_processed(older_than=timezone.now()) == 1
+
+
+@pytest.fixture
+def handler(request):
+    """Register the test's handler for the "effects" source; forget it afterwards."""
+    registered = []
+
+    def register(function):
+        register_handler("effects", ANY_TYPE, function)
+        registered.append(function)
+        return function
+
+    yield register
+    unregister("effects", ANY_TYPE)
+
+
+def write_then_mark_for_rollback(event):
+    Refund.objects.create(event_id=event.event_id, amount=1)
+    transaction.set_rollback(True)
+
+
+def write_then_swallow_a_database_error(event):
+    Refund.objects.create(event_id=event.event_id, amount=1)
+    # No inner atomic block: Django marks the handler's transaction for rollback.
+    with contextlib.suppress(IntegrityError):
+        LedgerEntry.objects.create(payment_id=None, amount=1)
+
+
+@pytest.mark.parametrize(
+    "body", [write_then_mark_for_rollback, write_then_swallow_a_database_error]
+)
+def test_a_handler_whose_writes_were_rolled_back_has_failed_not_processed(handler, body):
+    handler(body)
+    event = receive("effects", "evt_1", "thing.happened", {"n": 1}).event
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("failed", 1)
+    assert "marked for rollback" in event.last_error
+    assert Refund.objects.count() == 0
+
+
+@pytest.mark.skipif(
+    connection.vendor == "mysql", reason="InnoDB checks foreign keys at once, not at COMMIT"
+)
+def test_a_handler_whose_writes_fail_at_commit_has_failed_and_is_retried(handler):
+    # Django's foreign keys are deferred to the COMMIT on PostgreSQL and SQLite: the handler
+    # returns, and the transaction that would record it processed fails.
+    handler(lambda event: LedgerEntry.objects.create(payment_id=event.payload["payment"], amount=1))
+    with override_settings(IDEMPOTENCY={"INBOX_MAX_ATTEMPTS": 2}):
+        event = receive("effects", "evt_1", "thing.happened", {"payment": 424242}).event
+        event.refresh_from_db()
+        assert (event.status, event.attempts) == ("failed", 1)
+        assert event.last_error.startswith("IntegrityError")
+        assert event.next_attempt_at > timezone.now()
+        assert process(event.pk, now=event.next_attempt_at) == ProcessResult.DEAD
+    event.refresh_from_db()
+    assert (event.status, event.attempts, event.next_attempt_at) == ("dead", 2, None)
+    assert event.last_error.startswith("IntegrityError")
+    # Once the payment exists, a person's reprocess goes through.
+    Payment.objects.create(pk=424242, amount=1)
+    reprocess(InboxEvent.objects.filter(pk=event.pk))
+    event.refresh_from_db()
+    assert event.status == "processed"
+    assert LedgerEntry.objects.get().payment_id == 424242

@@ -47,3 +47,30 @@ def write_transaction(model: type[Model], using: str) -> Iterator[None]:
 def _begins_as_reader(connection: BaseDatabaseWrapper) -> bool:
     mode = connection.settings_dict["OPTIONS"].get("transaction_mode")
     return connection.vendor == "sqlite" and (mode or "DEFERRED").upper() not in _WRITING_MODES
+
+
+class CommitWatch:
+    """Tells where an exception that left a transaction came from.
+
+    A failure at ``COMMIT`` (a deferred foreign key, say) belongs to the statements that caused
+    it, not to the ones the block ran last; one raised by an ``on_commit`` callback comes after a
+    commit that went through. Enter :meth:`watch` last, inside the transaction it watches.
+    """
+
+    def __init__(self) -> None:
+        self.reached_commit = False  # the block ran to its end
+        self.committed = False
+
+    @property
+    def failed_at_commit(self) -> bool:
+        return self.reached_commit and not self.committed
+
+    @contextmanager
+    def watch(self, using: str) -> Iterator[None]:
+        # Registered first in the block, so that it runs first once the commit went through.
+        transaction.on_commit(self._mark_committed, using=using, robust=True)
+        yield
+        self.reached_commit = True
+
+    def _mark_committed(self) -> None:
+        self.committed = True

@@ -27,6 +27,7 @@ from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from django import db
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router, transaction
 from django.utils import timezone
@@ -35,7 +36,7 @@ from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
-from django_idempotency.core.transactions import write_transaction
+from django_idempotency.core.transactions import CommitWatch, write_transaction
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.operations import correlation
@@ -196,7 +197,7 @@ def _claim(
                 event.last_traceback = ""
             from_state, event.status, event.next_attempt_at = event.status, Status.DEAD, None
             event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
-            _report(event, ProcessResult.DEAD, None, using, from_state=from_state)
+            report_outcome(event, ProcessResult.DEAD, None, using, from_state=from_state)
             return ProcessResult.DEAD
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
@@ -235,23 +236,47 @@ def process_recorded(
 
 
 def _attempt(event: InboxEvent, using: str) -> ProcessResult:
+    watch, retry_at = CommitWatch(), event.next_attempt_at
     # The handler's log records, and ours, carry the id the event was delivered with.
-    with (
-        correlation.bind(correlation.from_headers(event.headers)),
-        write_transaction(InboxEvent, using),
-    ):
-        mine = (
-            InboxEvent.objects.using(using)
-            # The lock is this attempt's sign of life. Where duplicate deliveries lock the row
-            # for a moment, wait instead of skipping: a worker that took the event over has
-            # counted another attempt, and the filter then finds nothing.
-            .select_for_update(skip_locked=not _duplicates_lock(using))
-            .filter(pk=event.pk, status=Status.PROCESSING, attempts=event.attempts)
+    with correlation.bind(correlation.from_headers(event.headers)):
+        try:
+            with write_transaction(InboxEvent, using), watch.watch(using):
+                mine = (
+                    InboxEvent.objects.using(using)
+                    # The lock is this attempt's sign of life. Where duplicate deliveries lock
+                    # the row for a moment, wait instead of skipping: a worker that took the
+                    # event over has counted another attempt, and the filter then finds nothing.
+                    .select_for_update(skip_locked=not _duplicates_lock(using))
+                    .filter(pk=event.pk, status=Status.PROCESSING, attempts=event.attempts)
+                )
+                if not mine.exists():
+                    # Between our two transactions another worker took the event over.
+                    return ProcessResult.SKIPPED
+                return _run_handler(event, using)
+        except (db.DataError, db.IntegrityError) as exc:
+            if not watch.failed_at_commit:
+                raise
+            event.next_attempt_at = retry_at  # as the claim set it
+            return _failed_at_commit(event, exc, using)
+
+
+def _failed_at_commit(event: InboxEvent, error: Exception, using: str) -> ProcessResult:
+    """Record that the attempt's COMMIT refused the handler's writes (a deferred constraint):
+    a failure of the handler like any other, in a transaction of its own."""
+    outcome = fail_attempt(event, error)
+    with write_transaction(InboxEvent, using):
+        # Unless another worker took the event over since this attempt claimed it.
+        InboxEvent.objects.using(using).filter(
+            pk=event.pk, status=Status.PROCESSING, attempts=event.attempts
+        ).update(
+            status=event.status,
+            next_attempt_at=event.next_attempt_at,
+            processed_at=None,
+            last_error=event.last_error,
+            last_traceback=event.last_traceback,
         )
-        if not mine.exists():
-            # Between our two transactions another worker took the event over.
-            return ProcessResult.SKIPPED
-        return _run_handler(event, using)
+        report_outcome(event, outcome, error, using)
+    return outcome
 
 
 def _run_handler(event: InboxEvent, using: str) -> ProcessResult:
@@ -263,22 +288,15 @@ def _run_handler(event: InboxEvent, using: str) -> ProcessResult:
         with transaction.atomic(using=using):
             if handler is not None:
                 handler(event)
+                if transaction.get_rollback(using=using):
+                    raise HandlerRolledBack
             elif not handles_source(event.source):
                 # Most likely the handlers' module was not imported in this process: fail, so
                 # that the event is retried, rather than lose it as processed.
                 raise ImproperlyConfigured(_no_handlers(event.source))
     except Exception as exc:  # the handler's errors are data: recorded, then retried
         error = exc
-        outcome = (
-            ProcessResult.DEAD
-            if RetrySchedule.from_settings("INBOX").gives_up(event.attempts, exc)
-            else ProcessResult.FAILED
-        )
-        event.status = Status(outcome.value)
-        if outcome is ProcessResult.DEAD:
-            event.next_attempt_at = None
-        event.last_error = error_text(exc)
-        event.last_traceback = traceback.format_exc()
+        outcome = fail_attempt(event, exc)
     else:
         outcome = ProcessResult.PROCESSED
         event.status, event.next_attempt_at = Status.PROCESSED, None
@@ -286,7 +304,35 @@ def _run_handler(event: InboxEvent, using: str) -> ProcessResult:
     event.save(
         update_fields=["status", "next_attempt_at", "processed_at", "last_error", "last_traceback"]
     )
-    _report(event, outcome, error, using, time.monotonic() - started)
+    report_outcome(event, outcome, error, using, time.monotonic() - started)
+    return outcome
+
+
+class HandlerRolledBack(Exception):
+    """The handler returned with its transaction marked for rollback: its writes are undone."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "the handler returned with its transaction marked for rollback (by "
+            "transaction.set_rollback(True), or by a database error caught outside an inner "
+            "atomic block), so its writes were undone"
+        )
+
+
+def fail_attempt(event: InboxEvent, error: Exception) -> ProcessResult:
+    """Set on ``event`` what its attempt that failed with ``error`` leaves; return the outcome.
+
+    Failed, due again at the retry time its claim set; or dead, once its attempts ran out or
+    the handler raised a ``PermanentError``.
+    """
+    dead = RetrySchedule.from_settings("INBOX").gives_up(event.attempts, error)
+    outcome = ProcessResult.DEAD if dead else ProcessResult.FAILED
+    event.status = Status(outcome.value)
+    if dead:
+        event.next_attempt_at = None
+    event.processed_at = None
+    event.last_error = error_text(error)
+    event.last_traceback = "".join(traceback.format_exception(error))
     return outcome
 
 
@@ -312,7 +358,7 @@ _SIGNALS = {
 }
 
 
-def _report(
+def report_outcome(
     event: InboxEvent,
     outcome: ProcessResult,
     error: Exception | None,
