@@ -339,6 +339,29 @@ def test_the_inbox_shows_how_often_an_event_was_delivered_and_when_last(admin_cl
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_inbox_shows_an_event_delivered_again_with_another_payload(admin_client, events):
+    answer = deliver(refund_event("evt_ok", amount=4200))
+    ok = InboxEvent.objects.get(event_id="evt_ok")
+
+    def shown(**params):
+        return [
+            event.event_id for event in admin_client.get(INBOX, params).context["cl"].result_list
+        ]
+
+    page = admin_client.get(f"{INBOX}{ok.pk}/change/").content.decode()
+    failed = admin_client.get(f"{INBOX}{events['evt_failed'].pk}/change/").content.decode()
+
+    assert answer.status_code == 409
+    assert (ok.conflicts, ok.conflicting_payload["data"]["amount"]) == (1, 4200)
+    assert ok.payload["data"]["amount"] == 42  # the first payload stays
+    assert shown(conflict="yes") == ["evt_ok"]
+    assert "Conflicting payload" in page
+    assert "&quot;amount&quot;: 4200" in page
+    assert ok.conflicting_payload_hash in page
+    assert "Conflicting payload" not in failed  # no conflict, no section
+
+
+@pytest.mark.django_db(transaction=True)
 def test_inbox_events_cannot_be_added_or_deleted(admin_client, events):
     assert admin_client.get(f"{INBOX}add/").status_code == 403
     assert admin_client.get(f"{INBOX}{events['evt_dead'].pk}/delete/").status_code == 403

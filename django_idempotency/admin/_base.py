@@ -166,9 +166,8 @@ class _ReadOnlyAdmin(_ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         # What a client was told, what arrived, what left: evidence, so nothing is editable.
-        return [
-            str(field) for _name, options in self.fieldsets or [] for field in options["fields"]
-        ]
+        fieldsets = self.get_fieldsets(request, obj)
+        return [str(field) for _name, options in fieldsets for field in options["fields"]]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.utils.html import format_html
@@ -15,6 +16,23 @@ from django_idempotency.models import InboxEvent
 if TYPE_CHECKING:
     from django.db.models import QuerySet
     from django.http import HttpRequest
+
+
+class ConflictFilter(admin.SimpleListFilter):
+    """Events whose id was delivered again with another payload, which was kept apart."""
+
+    title = _("conflict")
+    parameter_name = "conflict"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Delivered again with another payload"))]
+
+    def queryset(
+        self, request: HttpRequest, queryset: QuerySet[InboxEvent]
+    ) -> QuerySet[InboxEvent]:
+        if self.value() == "yes":
+            return queryset.filter(last_conflict_at__isnull=False)  # the conflict index
+        return queryset
 
 
 @admin.register(InboxEvent)
@@ -32,7 +50,7 @@ class InboxEventAdmin(_ReadOnlyAdmin):
             for name in ("received_at", "last_delivered_at", "next_attempt_at")
         ),
     ]
-    list_filter = ["status", "source", "event_type"]
+    list_filter = ["status", "source", "event_type", ConflictFilter]
     search_fields = ["event_id"]
     exact_search_field = "event_id"  # the (source, event id) index serves it
     rows_name = _("events")
@@ -66,11 +84,37 @@ class InboxEventAdmin(_ReadOnlyAdmin):
         ),
     ]
 
+    # Shown on the page of an event that has had them: most have none.
+    conflicts_fieldset: Any = (
+        _("Conflicts"),
+        {
+            "fields": [
+                "conflicts",
+                "last_conflict_at",
+                "pretty_conflicting_payload",
+                "conflicting_payload_hash",
+            ]
+        },
+    )
+
+    def get_fieldsets(self, request: HttpRequest, obj: InboxEvent | None = None) -> Any:
+        fieldsets = list(super().get_fieldsets(request, obj))
+        if obj is not None and obj.conflicts:
+            fieldsets.insert(2, self.conflicts_fieldset)
+        return fieldsets
+
     # A deleted event would be processed again when its sender redelivers it: no deleting.
 
     @admin.display(description=_("event id"), ordering="event_id")
     def short_event_id(self, obj: InboxEvent) -> str:
         return _short_id(obj.event_id, shown=24)
+
+    @admin.display(description=_("conflicting payload"))
+    def pretty_conflicting_payload(self, obj: InboxEvent) -> str:
+        if obj.conflicting_payload is None:
+            return "—"
+        text = json.dumps(obj.conflicting_payload, indent=2, ensure_ascii=False)
+        return format_html("<pre>{}</pre>", text)
 
     @admin.display(description=_("last traceback"))
     def traceback(self, obj: InboxEvent) -> str:

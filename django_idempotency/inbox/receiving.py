@@ -12,7 +12,10 @@ runner's workers are to take it: then recording is all the request does.
 from __future__ import annotations
 
 import logging
+import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import cache
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -31,14 +34,17 @@ from django_idempotency.inbox.processing import (
     DISPATCH_GRACE,
     ProcessResult,
     dispatch,
+    fail_attempt,
     log_fields,
     process_recorded,
+    report_outcome,
 )
 from django_idempotency.models import InboxEvent
 from django_idempotency.operations import correlation
+from django_idempotency.queue.schedule import RetrySchedule
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Iterator, Mapping
     from datetime import datetime
 
 logger = logging.getLogger("django_idempotency.inbox")
@@ -69,6 +75,7 @@ def receive(
     headers: Mapping[str, str] | None = None,
     now: datetime | None = None,
     handle_now: bool = False,
+    wait_timeout: float | None = None,
 ) -> Receipt:
     """Record an event once, and dispatch it when the caller's transaction commits.
 
@@ -76,7 +83,9 @@ def receive(
     recorded or dispatched again. With the "database" runner the event is left, due at once,
     to the workers. ``handle_now`` processes a new event here instead, in the caller's
     transaction: its handler's writes commit with the record, or neither does (a broker
-    consumer's way, which acknowledges the message once that commits).
+    consumer's way, which acknowledges the message once that commits). ``wait_timeout``
+    bounds, in seconds, the wait for a duplicate's uncommitted record (another consumer's,
+    mid-handler); past it the database's lock timeout error is raised.
     """
     now = now or timezone.now()
     to_workers = idempotency_settings.INBOX_RUNNER == "database" and not handle_now
@@ -84,26 +93,21 @@ def receive(
     if handle_now and not connections[using].in_atomic_block:
         msg = "receive(handle_now=True) runs in the caller's transaction: open one."
         raise transaction.TransactionManagementError(msg)
-    digest = payload_hash(payload)
-    event = InboxEvent(
-        source=source,
-        event_id=event_id if event_id is not None else f"sha256:{digest}",
-        event_type=event_type,
-        payload=payload,
-        payload_hash=digest,
-        # An id that a request could not carry either is dropped, as the middleware ignores it:
-        # the event's handlers would log it and send it on.
-        headers=correlation.without_invalid(headers or {}),
-        received_at=now,
-        # Due at once for the workers; otherwise due only if the dispatch after the commit is lost.
+    event = _new_event(
+        source,
+        event_id,
+        event_type,
+        payload,
+        headers=headers,
+        now=now,
+        # Due at once for the workers; else due only if the dispatch after the commit is lost.
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
-    pk, inserted, recorded_hash = _record(event, using, wake=to_workers)
-    if not inserted:
-        return _duplicate(event, pk, recorded_hash, using)
-    event.pk = pk
-    event._state.adding = False
-    event._state.db = using
+    with _bounded_wait(using, wait_timeout):
+        recorded = _record(event, using, wake=to_workers, wait_timeout=wait_timeout)
+        if not recorded.inserted:
+            return _duplicate(event, recorded, using)
+    _inserted(event, recorded.pk, using)
     receipt = Receipt(event, created=True)
     if handle_now:
         receipt.outcome = process_recorded(event, using, now=now)
@@ -136,35 +140,32 @@ def refuse(
     payload: Any,
     reason: str,
     *,
+    event_id: str | None = None,
     headers: Mapping[str, str] | None = None,
     now: datetime | None = None,
 ) -> Receipt:
     """Record an event that cannot be processed, dead at once with ``reason``.
 
     Such an event (a broker message without an id, or one whose body cannot be read or stored)
-    has no id to trust: it is recorded once by its payload hash, and never processed. A person
-    reads the reason in the admin, and may reprocess it.
+    is recorded once by its ``event_id``, or by its payload hash when it has no id to trust, and
+    never processed. A person reads the reason in the admin, and may reprocess it.
     """
-    digest = payload_hash(payload)
-    event = InboxEvent(
-        source=source,
-        event_id=f"sha256:{digest}",
-        event_type=event_type,
-        payload=payload,
-        payload_hash=digest,
-        headers=correlation.without_invalid(headers or {}),
-        received_at=now or timezone.now(),
+    event = _new_event(
+        source,
+        event_id,
+        event_type,
+        payload,
+        headers=headers,
+        now=now or timezone.now(),
         status=InboxEvent.Status.DEAD,
         next_attempt_at=None,
         last_error=reason,
     )
     using = router.db_for_write(InboxEvent)
-    pk, inserted, recorded_hash = _record(event, using)
-    if not inserted:
-        return _duplicate(event, pk, recorded_hash, using)
-    event.pk = pk
-    event._state.adding = False
-    event._state.db = using
+    recorded = _record(event, using)
+    if not recorded.inserted:
+        return _duplicate(event, recorded, using)
+    _inserted(event, recorded.pk, using)
 
     def after_commit() -> None:
         logger.error(
@@ -182,15 +183,109 @@ def refuse(
     return Receipt(event, created=True, outcome=ProcessResult.DEAD)
 
 
-def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -> Receipt:
+def record_failed_attempt(
+    source: str,
+    event_id: str | None,
+    event_type: str,
+    payload: Any,
+    error: Exception,
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+) -> Receipt:
+    """Record an event whose first attempt failed where no savepoint could catch the failure:
+    the COMMIT of the transaction that recorded it refused its handler's writes.
+
+    The event keeps its id and payload, its attempt counted and failed with ``error``: retried
+    on the inbox's schedule, or dead if that gives up.
+    """
+    now = now or timezone.now()
+    delay = RetrySchedule.from_settings("INBOX").retry_delay(1)
+    event = _new_event(
+        source,
+        event_id,
+        event_type,
+        payload,
+        headers=headers,
+        now=now,
+        attempts=1,
+        next_attempt_at=now + timedelta(seconds=delay),
+    )
+    outcome = fail_attempt(event, error)
+    using = router.db_for_write(InboxEvent)
+    recorded = _record(event, using)
+    if not recorded.inserted:
+        return _duplicate(event, recorded, using)
+    _inserted(event, recorded.pk, using)
+    report_outcome(event, outcome, error, using, from_state=InboxEvent.Status.RECEIVED)
+    return Receipt(event, created=True, outcome=outcome)
+
+
+def _new_event(
+    source: str,
+    event_id: str | None,
+    event_type: str,
+    payload: Any,
+    *,
+    headers: Mapping[str, str] | None,
+    now: datetime,
+    **fields: Any,
+) -> InboxEvent:
+    digest = payload_hash(payload)
+    return InboxEvent(
+        source=source,
+        event_id=event_id if event_id is not None else f"sha256:{digest}",
+        event_type=event_type,
+        payload=payload,
+        payload_hash=digest,
+        # An id that a request could not carry either is dropped, as the middleware ignores it:
+        # the event's handlers would log it and send it on.
+        headers=correlation.without_invalid(headers or {}),
+        received_at=now,
+        **fields,
+    )
+
+
+def _inserted(event: InboxEvent, pk: int, using: str) -> None:
+    event.pk = pk
+    event._state.adding = False
+    event._state.db = using
+
+
+@contextmanager
+def _bounded_wait(using: str, seconds: float | None) -> Iterator[None]:
+    """Bound, on PostgreSQL, how long the statements in the block wait for a row lock.
+
+    Transaction-local, and put back as it was after the block: the handler that runs next is
+    not bounded. (MariaDB bounds the one statement that can wait, see ``_record``.)
+    """
+    connection = connections[using]
+    if seconds is None or connection.vendor != "postgresql":
+        yield
+        return
+    with connection.cursor() as cursor:
+        # PostgreSQL reads a lock_timeout of 0 as "wait forever": the shortest wait is 1 ms.
+        bound = f"{max(1, round(seconds * 1000))}ms"
+        cursor.execute(
+            "SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)",
+            [bound],
+        )
+        previous = cursor.fetchone()[0]
+        yield
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
+def _duplicate(delivered: InboxEvent, found: Recorded, using: str) -> Receipt:
+    pk = found.pk
     # The recorded event, its other fields loaded when first read.
     recorded = InboxEvent.from_db(
         using,
-        ["id", "source", "event_id", "payload_hash"],
-        [pk, delivered.source, delivered.event_id, recorded_hash],
+        ["id", "source", "event_id", "payload_hash", "status"],
+        [pk, delivered.source, delivered.event_id, found.payload_hash, found.status],
     )
-    conflict = recorded_hash != delivered.payload_hash
+    conflict = found.payload_hash != delivered.payload_hash
     if conflict:
+        _record_conflict(delivered, pk, using)
         logger.warning(
             "inbox event %s from %s delivered again with a different payload; kept the first",
             recorded.event_id,
@@ -212,6 +307,38 @@ def _duplicate(delivered: InboxEvent, pk: int, recorded_hash: str, using: str) -
         using=using,
     )
     return Receipt(recorded, created=False, conflict=conflict)
+
+
+def _record_conflict(delivered: InboxEvent, pk: int, using: str) -> None:
+    """Keep, on the recorded event, the delivery of its id with another payload, and count it.
+
+    A rare write, so not deferred like the deliveries' count: what came is kept when its
+    delivery is acknowledged. Its wait for an attempt that holds the event is bounded.
+    """
+    connection = connections[using]
+    params = [
+        _field("last_conflict_at").get_db_prep_save(delivered.received_at, connection),
+        _field("conflicting_payload").get_db_prep_save(delivered.payload, connection),
+        delivered.payload_hash,
+        pk,
+    ]
+    bound = idempotency_settings.WAIT_TIMEOUT
+    sql = _statements(using).record_conflict
+    if connection.vendor == "mysql":
+        # innodb_lock_wait_timeout counts whole seconds.
+        sql, params = (
+            f"SET STATEMENT innodb_lock_wait_timeout = %s FOR {sql}",
+            [
+                math.ceil(bound),
+                *params,
+            ],
+        )
+    with (
+        transaction.atomic(using=using),
+        _bounded_wait(using, bound),
+        connection.cursor() as cursor,
+    ):
+        cursor.execute(sql, params)
 
 
 def _write_deliveries(
@@ -250,19 +377,31 @@ _INSERT_FIELDS = (
 )
 
 
-def _record(event: InboxEvent, using: str, *, wake: bool = False) -> tuple[int, bool, str]:
-    """Insert ``event`` unless (source, event id) is taken.
+class Recorded(NamedTuple):
+    """The row that holds an event: its id, whether it was inserted now, and as it was found."""
 
-    Return the id of the row that holds the event, whether it was inserted now, and the
-    payload hash it was recorded with. ``wake``: on PostgreSQL, a new event also wakes the
-    "database" runner's workers, in the same statement; the notification goes out at the commit,
-    never after a rollback. Elsewhere the workers poll.
+    pk: int
+    inserted: bool
+    payload_hash: str
+    status: str
+
+
+def _record(
+    event: InboxEvent, using: str, *, wake: bool = False, wait_timeout: float | None = None
+) -> Recorded:
+    """Insert ``event`` unless (source, event id) is taken; return the row that holds it.
+
+    ``wake``: on PostgreSQL, a new event also wakes the "database" runner's workers, in the same
+    statement; the notification goes out at the commit, never after a rollback. Elsewhere the
+    workers poll. ``wait_timeout`` bounds MariaDB's wait for a duplicate's uncommitted row (on
+    PostgreSQL the caller bounds it, see ``_bounded_wait``).
     """
     connection = connections[using]
     params = [
         field.get_db_prep_save(getattr(event, field.attname), connection)
         for field in map(_field, _INSERT_FIELDS)
     ]
+    new = Recorded(0, True, event.payload_hash, event.status)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             # One round trip for a duplicate too: the SELECT reads the row that made the
@@ -273,22 +412,27 @@ def _record(event: InboxEvent, using: str, *, wake: bool = False) -> tuple[int, 
                 sql = _statements(using).record
             cursor.execute(sql, [*params, event.source, event.event_id])
             if row := cursor.fetchone():
-                return int(row[0]), bool(row[1]), str(row[2])
+                return Recorded(int(row[0]), bool(row[1]), str(row[2]), str(row[3]))
         elif connection.vendor == "mysql":
-            cursor.execute(_statements(using).insert, params)
+            if wait_timeout is None:
+                cursor.execute(_statements(using).insert, params)
+            else:
+                # innodb_lock_wait_timeout counts whole seconds.
+                bound = [math.ceil(wait_timeout), *params]
+                cursor.execute(_statements(using).insert_bounded, bound)
             if cursor.lastrowid:  # LAST_INSERT_ID(0) marks a duplicate
-                return int(cursor.lastrowid), True, event.payload_hash
+                return new._replace(pk=int(cursor.lastrowid))
         else:
             cursor.execute(_statements(using).insert, params)
             if row := cursor.fetchone():
-                return int(row[0]), True, event.payload_hash
+                return new._replace(pk=int(row[0]))
         # The row committed while the statement ran (ON CONFLICT waited for it): read it now.
         cursor.execute(_statements(using).select, [event.source, event.event_id])
         row = cursor.fetchone()
     if row is None:
         # The purge deleted it in between: the event is new again.
-        return _record(event, using, wake=wake)
-    return int(row[0]), False, str(row[1])
+        return _record(event, using, wake=wake, wait_timeout=wait_timeout)
+    return Recorded(int(row[0]), False, str(row[1]), str(row[2]))
 
 
 class _Statements(NamedTuple):
@@ -296,7 +440,9 @@ class _Statements(NamedTuple):
     record: str
     select: str
     count_deliveries: str
+    record_conflict: str
     record_waking: str = ""  # PostgreSQL: record, and notify the workers of a new event
+    insert_bounded: str = ""  # MariaDB: insert, its wait bounded by the first parameter
 
 
 @cache
@@ -305,9 +451,16 @@ def _statements(using: str) -> _Statements:
     c = Names(InboxEvent, connection)
     table = c.table
     columns = ", ".join(c(name) for name in _INSERT_FIELDS)
-    pk, source, event_id, payload_hash, deliveries, last_delivered_at = (
+    pk, source, event_id, payload_hash, status, deliveries, last_delivered_at = (
         c(name)
-        for name in ("id", "source", "event_id", "payload_hash", "deliveries", "last_delivered_at")
+        for name in (
+            "id", "source", "event_id", "payload_hash", "status", "deliveries", "last_delivered_at"
+        )
+    )  # fmt: skip
+    conflicts = c("conflicts")
+    record_conflict = (
+        f"UPDATE {table} SET {conflicts} = {conflicts} + 1, {c('last_conflict_at')} = %s, "  # noqa: S608
+        f"{c('conflicting_payload')} = %s, {c('conflicting_payload_hash')} = %s WHERE {pk} = %s"
     )
     count_deliveries = (
         f"UPDATE {table} SET {deliveries} = {deliveries} + %s, "  # noqa: S608
@@ -325,30 +478,36 @@ def _statements(using: str) -> _Statements:
         # The duplicate's row is locked by the insert already: the locking read waits for
         # nothing, and sees the row however old the transaction's snapshot.
         values = ", ".join(["%s"] * len(_INSERT_FIELDS))
+        insert = (
+            f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608
+            f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
+        )
         return _Statements(
-            insert=(
-                f"INSERT INTO {table} ({columns}) VALUES ({values}) "  # noqa: S608
-                f"ON DUPLICATE KEY UPDATE {pk} = {pk} + LAST_INSERT_ID(0)"
-            ),
+            insert=insert,
             record="",
-            select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where} FOR UPDATE",  # noqa: S608
+            select=(
+                f"SELECT {pk}, {payload_hash}, {status} FROM {table} WHERE {where} FOR UPDATE"  # noqa: S608
+            ),
             count_deliveries=count_deliveries,
+            record_conflict=record_conflict,
+            insert_bounded=f"SET STATEMENT innodb_lock_wait_timeout = %s FOR {insert}",
         )
 
     def record(returning: str) -> str:
         return (
             f"WITH inserted AS ({insert}, {returning}) "  # noqa: S608
-            f"SELECT {pk}, TRUE, {payload_hash} FROM inserted UNION ALL "
-            f"SELECT {pk}, FALSE, {payload_hash} FROM {table} WHERE {where}"
+            f"SELECT {pk}, TRUE, {payload_hash}, {status} FROM inserted UNION ALL "
+            f"SELECT {pk}, FALSE, {payload_hash}, {status} FROM {table} WHERE {where}"
         )
 
     return _Statements(
         insert=insert,
-        record=record(payload_hash),
-        select=f"SELECT {pk}, {payload_hash} FROM {table} WHERE {where}",  # noqa: S608
+        record=record(f"{payload_hash}, {status}"),
+        select=f"SELECT {pk}, {payload_hash}, {status} FROM {table} WHERE {where}",  # noqa: S608
         count_deliveries=count_deliveries,
+        record_conflict=record_conflict,
         # RETURNING runs for an inserted row only: a duplicate wakes nobody.
-        record_waking=record(f"{payload_hash}, pg_notify(%s, '')"),
+        record_waking=record(f"{payload_hash}, {status}, pg_notify(%s, '')"),
     )
 
 
