@@ -48,6 +48,17 @@ class Command(BaseCommand):
             "--concurrency", type=int, default=1, help="Consumers, one thread each (1)."
         )
         parser.add_argument(
+            "--queue-argument",
+            action="append",
+            default=[],
+            metavar="NAME=VALUE",
+            help=(
+                "An argument the queue is declared with, the value read as JSON if it can be; "
+                "repeat for more. A quorum queue, as RabbitMQ recommends for messages that "
+                "matter: x-queue-type=quorum. They must be those the queue has, if it exists."
+            ),
+        )
+        parser.add_argument(
             "--transport-option",
             action="append",
             default=[],
@@ -69,6 +80,7 @@ class Command(BaseCommand):
         routing_key: list[str] | None,
         prefetch: int,
         concurrency: int,
+        queue_argument: list[str],
         transport_option: list[str],
         **options: Any,
     ) -> None:
@@ -79,18 +91,26 @@ class Command(BaseCommand):
             raise CommandError(msg)
         from kombu import Exchange, Queue, binding  # noqa: PLC0415 - an optional dependency
 
-        from django_idempotency.brokers import consume  # noqa: PLC0415 - it imports kombu
+        # They import kombu.
+        from django_idempotency.brokers import consume  # noqa: PLC0415
+        from django_idempotency.brokers.consumer import QueueRefused, check_source  # noqa: PLC0415
 
+        source = source or queue
+        try:
+            check_source(source)
+        except ValueError as exc:
+            raise CommandError(f"--source: {exc}") from None
+        arguments = dict(_option(given, "--queue-argument") for given in queue_argument)
         if exchange:
             topic = Exchange(exchange, type="topic", durable=True)
             bindings = [binding(topic, routing_key=key) for key in routing_key or ["#"]]
-            queues = [Queue(queue, bindings=bindings, durable=True)]
         elif routing_key:
             msg = "--routing-key needs --exchange."
             raise CommandError(msg)
         else:
-            queues = [Queue(queue, durable=True)]
-        transport_options = dict(map(_option, transport_option))
+            bindings = []
+        queues = [Queue(queue, bindings=bindings, durable=True, queue_arguments=arguments or None)]
+        transport_options = dict(_option(given, "--transport-option") for given in transport_option)
         stop = threading.Event()
 
         def ask_to_stop(signum: int, frame: object) -> None:
@@ -99,23 +119,28 @@ class Command(BaseCommand):
 
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, ask_to_stop)
-        self.stdout.write(f"Consuming {queue} as {source or queue} ({concurrency} consumers).")
-        consume(
-            broker,
-            queues,
-            source=source or queue,
-            prefetch=prefetch,
-            concurrency=concurrency,
-            transport_options=transport_options,
-            stop=stop,
-        )
+        self.stdout.write(f"Consuming {queue} as {source} ({concurrency} consumers).")
+        try:
+            consume(
+                broker,
+                queues,
+                source=source,
+                prefetch=prefetch,
+                concurrency=concurrency,
+                transport_options=transport_options,
+                stop=stop,
+            )
+        except QueueRefused as exc:
+            # Not a fault a restart mends: say why, and let the operator fix the declaration.
+            hint = "Declare it with the queue's own arguments: --queue-argument NAME=VALUE."
+            raise CommandError(f"{exc}. {hint}") from None
         self.stdout.write("Stopped.")
 
 
-def _option(given: str) -> tuple[str, Any]:
+def _option(given: str, option: str) -> tuple[str, Any]:
     name, equals, value = given.partition("=")
     if not equals or not name:
-        msg = f"--transport-option {given!r}: NAME=VALUE"
+        msg = f"{option} {given!r}: NAME=VALUE"
         raise CommandError(msg)
     try:
         return name, json.loads(value)
