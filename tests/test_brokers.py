@@ -29,6 +29,8 @@ from kombu import Connection, Exchange, Queue, binding
 from django_idempotency.brokers import BrokerDispatcher, MessageConsumer, consume, handle
 from django_idempotency.brokers import consumer as consumer_module
 from django_idempotency.brokers.consumer import NO_MESSAGE_ID
+from django_idempotency.inbox import receive
+from django_idempotency.inbox import receiving as inbox_receiving
 from django_idempotency.inbox.handlers import ANY_TYPE, register_handler, unregister
 from django_idempotency.inbox.receiving import delivery_counts, payload_hash
 from django_idempotency.models import InboxEvent, OutboxMessage
@@ -496,6 +498,25 @@ def test_whatever_a_producer_sends_is_kept_dead_and_the_next_message_is_handled(
     assert broker.ready() == 0
 
 
+def test_properties_that_are_not_utf8_are_kept_dead_and_the_next_message_is_handled(
+    broker, handled
+):
+    if not broker.url.startswith("amqp:"):
+        pytest.skip("AMQP's short strings")
+    # py-amqp writes bytes as they are: what a producer in another language may send.
+    broker.send_raw(b'{"data": 1}', message_id=b"\xff\xfe", type="t")
+    broker.send_raw(b'{"data": 2}', message_id="m-2", type=b"\xc3(")
+    broker.send({"data": {}}, message_id="good")
+    broker.consume(3)
+    assert [call[0] for call in handled] == ["good"]
+    dead = InboxEvent.objects.filter(status=InboxEvent.Status.DEAD).order_by("pk")
+    assert [event.payload for event in dead] == [{"data": 1}, {"data": 2}]
+    for event in dead:
+        assert event.last_error.startswith("the message's properties cannot be read (not UTF-8")
+        assert event.event_id.startswith("sha256:")  # no id to trust
+    assert broker.ready() == 0
+
+
 def test_headers_no_database_can_store_are_left_out(broker, handled):
     headers = {"ok": "yes", "nul": "a\x00b", "surrogate": "\ud800", "number": 7}
     broker.send_raw(b'{"data": {}}', message_id="m-1", type="t", headers=headers)
@@ -650,3 +671,19 @@ def test_the_same_message_id_with_another_body_is_kept_as_a_conflict(broker, han
     assert event.last_conflict_at > event.received_at
     assert [call[0] for call in handled] == ["m-1"]
     assert broker.ready() == 0
+
+
+def test_a_message_recorded_but_never_dispatched_is_processed_when_delivered_again(
+    broker, handled, monkeypatch
+):
+    # An earlier delivery recorded it, then its consumer died before dispatching it.
+    monkeypatch.setattr(inbox_receiving, "dispatch", lambda pk: None)
+    with transaction.atomic():
+        receive(broker.source, "m-1", "payment.captured", {"data": {}})
+    monkeypatch.undo()
+    assert InboxEvent.objects.get().status == InboxEvent.Status.RECEIVED
+    broker.send({"data": {}}, message_id="m-1")
+    broker.consume(1)
+    # Now, not a minute later by the periodic run.
+    assert InboxEvent.objects.get().status == InboxEvent.Status.PROCESSED
+    assert [call[0] for call in handled] == ["m-1"]

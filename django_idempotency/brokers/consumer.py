@@ -37,7 +37,13 @@ from django.db import router, transaction
 
 from django_idempotency import signals
 from django_idempotency.brokers.messages import NO_MESSAGE_ID, Delivery, kept, read
-from django_idempotency.brokers.transports import REDIS_SCHEMES, UnreadableItem, redis_transport
+from django_idempotency.brokers.transports import (
+    AMQP_SCHEMES,
+    REDIS_SCHEMES,
+    UnreadableItem,
+    redis_transport,
+    tolerant_frame_handler,
+)
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import optional
 from django_idempotency.core.transactions import CommitWatch
@@ -204,10 +210,14 @@ class MessageConsumer(ConsumerMixin):  # type: ignore[misc] # kombu is untyped
             restore(interval=1)
 
     def create_connection(self) -> Connection:
-        # kombu's Redis transport fails on a list item that is no message; this one hands the
-        # item on (see transports.py).
-        if self.connection.transport_cls in REDIS_SCHEMES:
+        # kombu's Redis transport fails on a list item that is no message, and py-amqp on
+        # properties that are not UTF-8: these hand them on (see transports.py).
+        transport = self.connection.transport_cls
+        if transport in REDIS_SCHEMES:
             return self.connection.clone(transport=redis_transport())
+        if transport in AMQP_SCHEMES:
+            options = {**self.connection.transport_options, "frame_handler": tolerant_frame_handler}
+            return self.connection.clone(transport_options=options)
         return self.connection.clone()
 
     @contextmanager

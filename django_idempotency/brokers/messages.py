@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django_idempotency.brokers.transports import UNREADABLE_PROPERTIES
 from django_idempotency.core.bodies import UnfitJSON, load_json
 
 if TYPE_CHECKING:
@@ -56,6 +57,8 @@ def read(message: Message) -> Delivery:
     delivery_info = _mapping(message.delivery_info)
     headers = _headers(message.headers)
     refusals: list[str] = []
+    if unreadable := headers.pop(UNREADABLE_PROPERTIES, None):
+        refusals.append(f"the message's properties cannot be read ({unreadable})")
 
     event_id: str | None = None
     message_id = properties.get("message_id")

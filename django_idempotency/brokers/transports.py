@@ -5,6 +5,12 @@ callback of the consumer runs: an item that is not JSON, or JSON that is no komb
 ``properties``, no ``delivery_tag``, a ``body`` its ``body_encoding`` cannot decode), raises
 there, in the consumer's loop, and has already left the list. The transport given here raises
 :class:`UnreadableItem` with the item instead, for the consumer to keep dead.
+
+py-amqp decodes a message's short-string properties (``message_id``, ``type``…) as UTF-8: bytes
+that are not UTF-8 raise between the message's frames, the connection is lost, and the broker
+delivers the message again, first, for ever. :func:`tolerant_frame_handler` replaces such a
+message's properties by one header that says why, so that the consumer can keep it dead and
+acknowledge it.
 """
 
 from __future__ import annotations
@@ -12,10 +18,18 @@ from __future__ import annotations
 import base64
 import binascii
 from functools import cache
-from typing import Any
+from struct import pack, unpack_from
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 #: URL schemes of kombu's Redis transport.
 REDIS_SCHEMES = frozenset({"redis", "rediss"})
+#: URL schemes of kombu's py-amqp transport.
+AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
+#: The header that replaces the properties py-amqp cannot decode; its value says why.
+UNREADABLE_PROPERTIES = "x-unreadable-properties"
 
 
 class UnreadableItem(Exception):
@@ -24,6 +38,38 @@ class UnreadableItem(Exception):
     def __init__(self, item: Any, reason: str) -> None:
         super().__init__(reason)
         self.item, self.reason = item, reason
+
+
+def tolerant_frame_handler(connection: Any, callback: Any) -> Callable[[Any], Any]:
+    """py-amqp's frame handler (``amqp.Connection(frame_handler=...)``), which hands on a
+    message whose properties are not UTF-8 with :data:`UNREADABLE_PROPERTIES` instead of them."""
+    # Imported here: kombu brings py-amqp, and only AMQP consumers need it.
+    from amqp.method_framing import frame_handler  # noqa: PLC0415
+
+    on_frame = frame_handler(connection, callback)
+
+    def on_frame_tolerantly(frame: tuple[int, int, Any]) -> Any:
+        try:
+            return on_frame(frame)
+        except UnicodeDecodeError as exc:
+            frame_type, channel, buf = frame
+            if frame_type != 2:  # not a content header frame (AMQP 0-9-1, 4.2.6.1)
+                raise
+            # The message that the header belongs to is still the channel's partial one: it
+            # takes this header instead, and its body frames follow as they would have.
+            return on_frame((frame_type, channel, _unreadable_header(buf, exc)))
+
+    return on_frame_tolerantly
+
+
+def _unreadable_header(buf: Any, error: UnicodeDecodeError) -> bytes:
+    """A content header with ``buf``'s class, weight and body size, whose one property is a
+    header that says why ``buf``'s own could not be read."""
+    from amqp.basic_message import Message  # noqa: PLC0415
+
+    class_id, weight, body_size = unpack_from(">HHQ", buf, 0)
+    reason = Message(application_headers={UNREADABLE_PROPERTIES: f"not UTF-8: {error}"})
+    return pack(">HHQ", class_id, weight, body_size) + reason._serialize_properties()
 
 
 @cache
