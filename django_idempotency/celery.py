@@ -71,6 +71,10 @@ OnBusy = Literal["retry", "skip"]
 
 _RESULT_HEADERS = [("Content-Type", "application/json")]
 
+#: The idempotent tasks declared so far, by name: each one's mode, and whether its body takes its
+#: key. The system checks read it: Celery's own registry fills only when its app is finalized.
+DECLARED_TASKS: dict[str, tuple[Mode, bool]] = {}
+
 
 class TaskKeyMissing(ValueError):
     """The task has no ``key`` function and was sent without ``idempotency_key=``."""
@@ -168,6 +172,9 @@ def idempotent_task(
 
         # Celery checks a task's arguments against this when it is sent, not in the worker.
         run.__signature__ = _signature(body, bind=bind)  # type: ignore[attr-defined]
+        # Celery's own default name; the task object would say it only once its app is finalized.
+        name = task_options.get("name") or f"{body.__module__}.{body.__name__}"
+        DECLARED_TASKS[name] = (options.mode, takes_key)
         return shared_task(bind=True, **task_options)(run)
 
     return declare if func is None else declare(func)

@@ -59,6 +59,9 @@ DEFAULTS: dict[str, Any] = {
     "RECONCILE": None,
     # How long the sweeper waits for the reconcile hook's answer about one key.
     "RECONCILE_TIMEOUT": timedelta(seconds=30),
+    # A name of this project and environment that goes into every downstream key, so that two
+    # that share a provider account never give it the same key. "": none, the keys of 1.0.
+    "DOWNSTREAM_KEY_NAMESPACE": "",
     # Alias of a Django cache (Redis) that serves replays before the database; None: off.
     "CACHE": None,
     # Webhook inbox: "inline" processes an event in the request that recorded it, right after
@@ -190,6 +193,10 @@ def _reconcile(value: Any) -> str | None:
     return None
 
 
+def _string(value: Any) -> str | None:
+    return None if isinstance(value, str) else "must be a string"
+
+
 def _anonymous(value: Any) -> str | None:
     return None if value in ("shared", "reject") else "must be 'shared' or 'reject'"
 
@@ -298,6 +305,7 @@ RULES: dict[str, Rule] = {
     "RECONCILE": Rule("django_idempotency.E030", _reconcile, _hook),
     "RECONCILE_TIMEOUT": Rule("django_idempotency.E031", _ttl, _seconds),
     "MAX_JSON_DEPTH": Rule("django_idempotency.E034", _json_depth, int),
+    "DOWNSTREAM_KEY_NAMESPACE": Rule("django_idempotency.E035", _string, str),
 }
 
 
@@ -368,6 +376,7 @@ class IdempotencySettings:
     CACHE = _Setting[str | None]()
     RECONCILE = _Setting[Callable[..., Any] | None]()
     RECONCILE_TIMEOUT = _Setting[timedelta]()
+    DOWNSTREAM_KEY_NAMESPACE = _Setting[str]()
     LEASE_TIMEOUT = _Setting[timedelta]()
     INBOX_RUNNER = _Setting[InboxRunner]()
     INBOX_MAX_ATTEMPTS = _Setting[int]()

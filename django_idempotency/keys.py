@@ -7,6 +7,8 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from django_idempotency.conf import idempotency_settings
+
 if TYPE_CHECKING:
     from django.http import HttpRequest
 
@@ -73,7 +75,8 @@ class ScopedKey(str):
 
     ``Idempotency-Key: K`` and ``Idempotency-Key: "K"`` are one key; this is ``K``. Give a
     downstream service (a payment provider) ``downstream_key``, never the raw header: it is the
-    same for every spelling of the key, and differs between two scopes' equal keys.
+    same for every spelling of the key, and differs between two scopes' equal keys (and between
+    two projects' with the ``DOWNSTREAM_KEY_NAMESPACE`` setting).
     """
 
     scope: str
@@ -91,14 +94,20 @@ class ScopedKey(str):
         return downstream_key(self.scope, self)
 
 
-def downstream_key(scope: str, key: str) -> str:
+def downstream_key(scope: str, key: str, *, namespace: str | None = None) -> str:
     """The key to give a downstream service for ``key`` in ``scope``: 64 hex digits.
 
-    SHA-256 of the JSON array ``[scope, key]``: stable across processes, releases and secret
-    rotations (a provider remembers it for a day or more), and it shows the provider neither
-    the scope (a user's id, a route) nor the key.
+    SHA-256 of the JSON array ``[namespace, scope, key]``, the namespace being the
+    ``DOWNSTREAM_KEY_NAMESPACE`` setting unless given; without one, of ``[scope, key]``. Stable
+    across processes, releases and secret rotations (a provider remembers it for a day or
+    more), it shows the provider neither the scope (a user's id, a route) nor the key.
     """
-    return hashlib.sha256(json.dumps([scope, str(key)]).encode()).hexdigest()
+    if namespace is None:
+        namespace = idempotency_settings.DOWNSTREAM_KEY_NAMESPACE
+    # Without a namespace, the two-item form of 1.0: keys handed to a provider before an upgrade
+    # stay the same. With one, three items: no namespaced key can be an un-namespaced one.
+    parts = [namespace, scope, str(key)] if namespace else [scope, str(key)]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def key_of(request: HttpRequest | Any) -> ScopedKey | None:

@@ -204,6 +204,7 @@ class _Adapter:
                 )
 
             async_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+            async_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
             return async_function
 
         @wraps(function)
@@ -212,6 +213,7 @@ class _Adapter:
             return handle(request, operation, partial(function, request, **values), values)
 
         sync_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+        sync_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
         return sync_function
 
 

@@ -105,3 +105,8 @@ REST_FRAMEWORK = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 TEST_WEBHOOK_SECRETS = ["whsec_dGVzdHMtb25seS1uZXctc2VjcmV0", "tests-only-old-secret"]
+
+# The test project has lease-mode views: its downstream keys carry a namespace of its own, as
+# every project's that shares a provider account should (W011). Tests that override IDEMPOTENCY
+# run without one.
+IDEMPOTENCY = {"DOWNSTREAM_KEY_NAMESPACE": "django-idempotency-tests"}

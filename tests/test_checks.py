@@ -94,6 +94,8 @@ def test_the_command_fails_on_a_bad_setting():
         ({"MAX_JSON_DEPTH": conf.DEEPEST_JSON + 1}, ["django_idempotency.E034"]),
         ({"MAX_JSON_DEPTH": 31.0}, ["django_idempotency.E034"]),
         ({"MAX_JSON_DEPTH": True}, ["django_idempotency.E034"]),
+        ({"DOWNSTREAM_KEY_NAMESPACE": None}, ["django_idempotency.E035"]),
+        ({"DOWNSTREAM_KEY_NAMESPACE": b"payments"}, ["django_idempotency.E035"]),
         ({"TIMEOUT": 1, "TTL": 0}, ["django_idempotency.E002", "django_idempotency.E006"]),
     ],
 )
@@ -116,6 +118,7 @@ def test_bad_settings(setting, expected):
         {"OUTBOX_RUNNER": "celery", "OUTBOX_RETENTION": timedelta(days=1)},
         {"MAX_JSON_DEPTH": 1},
         {"MAX_JSON_DEPTH": conf.DEEPEST_JSON},
+        {"DOWNSTREAM_KEY_NAMESPACE": "payments-production"},
     ],
 )
 def test_good_settings(setting):
@@ -463,6 +466,138 @@ def test_a_view_s_misspelt_or_wrong_options_fail_the_checks():
 
 def test_the_test_project_s_views_pass_the_view_checks():
     assert check_views() == []
+
+
+# -- downstream keys without a namespace of the project --------------------------------------
+
+
+class LeaseView(IdempotentMixin, APIView):
+    idempotency_mode = "lease"
+
+
+class AtomicView(IdempotentMixin, APIView):
+    pass
+
+
+@idempotent(mode="lease")
+def lease_function(request):
+    return HttpResponse()
+
+
+@idempotent
+def atomic_function(request):
+    return HttpResponse()
+
+
+def urlconf(*views):
+    class URLConf:
+        urlpatterns = [path(f"{index}/", view) for index, view in enumerate(views)]
+
+    return URLConf
+
+
+def ninja_urlconf(mode):
+    from ninja import NinjaAPI  # noqa: PLC0415 - an optional extra
+
+    from django_idempotency.ninja import idempotent as ninja_idempotent  # noqa: PLC0415
+
+    api = NinjaAPI(urls_namespace=f"checks-ninja-{mode}")
+
+    @api.post("/charges/")
+    @ninja_idempotent(mode=mode)
+    def charge(request):
+        return {}
+
+    class URLConf:
+        urlpatterns = [path("api/", api.urls)]
+
+    return URLConf
+
+
+@pytest.fixture
+def no_tasks(monkeypatch):
+    """Forget the idempotent tasks that other test modules declared."""
+    from django_idempotency import celery  # noqa: PLC0415
+
+    monkeypatch.setattr(celery, "DECLARED_TASKS", {})
+    return celery.DECLARED_TASKS
+
+
+LEASE_VIEW = (urlconf(LeaseView.as_view(), AtomicView.as_view()), {}, LeaseView)
+
+
+@pytest.mark.parametrize(
+    ("project", "expected"),
+    [
+        # A project without lease mode, as a fresh one: nothing to warn of.
+        ((urlconf(AtomicView.as_view(), atomic_function), {}), None),
+        ((urlconf(AtomicView.as_view()), {"DOWNSTREAM_KEY_NAMESPACE": ""}), None),
+        (LEASE_VIEW[:2], LeaseView),
+        ((urlconf(atomic_function, lease_function), {}), lease_function),
+        # Views that follow the MODE setting.
+        ((urlconf(AtomicView.as_view()), {"MODE": "lease"}), AtomicView),
+        ((urlconf(atomic_function), {"MODE": "lease"}), atomic_function),
+        ((urlconf(), {"MODE": "lease"}), None),  # but no view
+        ((LEASE_VIEW[0], {"DOWNSTREAM_KEY_NAMESPACE": "payments-production"}), None),
+    ],
+)
+def test_a_lease_mode_view_without_a_namespace_is_warned_about(no_tasks, project, expected):
+    root, setting = project
+    with override_settings(ROOT_URLCONF=root, IDEMPOTENCY=setting):
+        messages = checks.check_downstream_namespace()
+    assert [(message.id, message.obj) for message in messages] == (
+        [] if expected is None else [("django_idempotency.W011", expected)]
+    )
+    assert all(message.hint and "never change it" in message.hint for message in messages)
+
+
+def test_the_warning_names_the_first_and_counts_the_others(no_tasks):
+    root = urlconf(LeaseView.as_view(), lease_function, AtomicView.as_view())
+    with override_settings(ROOT_URLCONF=root, IDEMPOTENCY={}):
+        (message,) = checks.check_downstream_namespace()
+    assert message.msg.startswith("The lease-mode view LeaseView (and 1 more) gives a provider")
+
+
+@pytest.mark.parametrize(("mode", "warned"), [("lease", True), ("atomic", False)])
+def test_a_lease_mode_ninja_operation_without_a_namespace_is_warned_about(no_tasks, mode, warned):
+    with override_settings(ROOT_URLCONF=ninja_urlconf(mode), IDEMPOTENCY={}):
+        messages = checks.check_downstream_namespace()
+    assert [message.msg.split(" gives")[0] for message in messages] == (
+        ["The lease-mode operation ninja_urlconf.<locals>.charge"] if warned else []
+    )
+
+
+def test_an_idempotent_task_that_hands_out_its_key_is_warned_about(no_tasks):
+    from django_idempotency.celery import idempotent_task  # noqa: PLC0415
+
+    with override_settings(ROOT_URLCONF=urlconf(), IDEMPOTENCY={}):
+
+        @idempotent_task(name="tests.checks.count", key=lambda n: n)
+        def count(n):  # an atomic task whose body never sees its key
+            return n
+
+        assert checks.check_downstream_namespace() == []
+
+        @idempotent_task(name="tests.checks.email", key=lambda n: n, mode="lease")
+        def email(n):
+            return n
+
+        @idempotent_task(name="tests.checks.charge")
+        def charge(n, idempotency_key):
+            return idempotency_key.downstream_key
+
+        (message,) = checks.check_downstream_namespace()
+    assert message.msg.startswith("The lease-mode task tests.checks.email (and 1 more) gives")
+    assert set(no_tasks) == {"tests.checks.count", "tests.checks.email", "tests.checks.charge"}
+
+
+@pytest.mark.django_db(databases="__all__")
+def test_the_namespace_check_is_registered(no_tasks, capsys):
+    # The test project has lease-mode views; its settings give it a namespace.
+    with override_settings(IDEMPOTENCY={}):
+        call_command("check")
+    assert "django_idempotency.W011" in capsys.readouterr().err
+    assert checks.check_downstream_namespace() == []
 
 
 # -- deployments: a pooler, an ASGI server ---------------------------------------------------

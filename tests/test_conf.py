@@ -10,6 +10,7 @@ from django_idempotency.conf import DEFAULTS, as_timedelta, idempotency_settings
 from django_idempotency.scope import default_scope
 
 
+@override_settings(IDEMPOTENCY={})
 def test_defaults_when_unset():
     for name, value in DEFAULTS.items():
         if name not in (

@@ -300,6 +300,9 @@ def run_settings(block: Block, client: Client) -> None:
         overrides["REST_FRAMEWORK"] = {**settings.REST_FRAMEWORK, **overrides["REST_FRAMEWORK"]}
     if "CACHES" in overrides:
         overrides["CACHES"] = {**settings.CACHES, **overrides["CACHES"]}
+    if "IDEMPOTENCY" in overrides:
+        # A block shows the keys it is about; the project keeps its others (its namespace).
+        overrides["IDEMPOTENCY"] = {**settings.IDEMPOTENCY, **overrides["IDEMPOTENCY"]}
     # Settings that a test process must keep as they are are proved without being put in place.
     for name in ("INSTALLED_APPS", "DATABASES", "LOGGING"):
         overrides.pop(name, None)

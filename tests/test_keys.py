@@ -6,6 +6,7 @@ import re
 
 import pytest
 from django.http import JsonResponse
+from django.test import override_settings
 from django.urls import path
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -109,6 +110,48 @@ def test_the_sweepers_hook_is_told_the_downstream_key_the_view_had():
     scope = "auth.user:1 POST charges/"
     expired = ExpiredKey(scope, "K", "charges/", "POST", "f" * 64, 1, timezone.now())
     assert expired.downstream_key == ScopedKey("K", scope).downstream_key
+    with override_settings(IDEMPOTENCY={"DOWNSTREAM_KEY_NAMESPACE": "payments-production"}):
+        assert expired.downstream_key == ScopedKey("K", scope).downstream_key
+
+
+# What 1.0 gave a provider for this key, and what a namespace gives: a provider remembers a key
+# for a day or more, so neither may change from one release to the next (a retry after an
+# upgrade would be charged again).
+PINNED_SCOPE = "auth.user:1 POST charges/"
+PINNED = "10fe3cae0c4a30d798549ae621c4ae369cf1b23a7eeca735b49ba8d956c053c0"  # ["<scope>", "K"]
+PINNED_IN_NAMESPACE = "4e2659bb1dd608565e2aa84c65af6175cdcd27ac766f28ad1f73db0712595ea3"
+
+
+@pytest.mark.parametrize("setting", [{}, {"DOWNSTREAM_KEY_NAMESPACE": ""}])
+def test_without_a_namespace_the_downstream_key_is_the_one_1_0_gave(setting):
+    expired = ExpiredKey(PINNED_SCOPE, "K", "charges/", "POST", "f" * 64, 1, timezone.now())
+    with override_settings(IDEMPOTENCY=setting):
+        assert downstream_key(PINNED_SCOPE, "K") == PINNED
+        assert ScopedKey("K", PINNED_SCOPE).downstream_key == PINNED
+        assert expired.downstream_key == PINNED
+
+
+def test_a_namespace_gives_the_project_downstream_keys_of_its_own():
+    with override_settings(IDEMPOTENCY={"DOWNSTREAM_KEY_NAMESPACE": "payments-production"}):
+        production = ScopedKey("K", PINNED_SCOPE).downstream_key
+        assert downstream_key(PINNED_SCOPE, "K") == production == PINNED_IN_NAMESPACE
+    with override_settings(IDEMPOTENCY={"DOWNSTREAM_KEY_NAMESPACE": "payments-staging"}):
+        staging = ScopedKey("K", PINNED_SCOPE).downstream_key
+    assert len({production, staging, PINNED}) == 3
+    assert downstream_key(PINNED_SCOPE, "K", namespace="payments-staging") == staging
+    assert downstream_key(PINNED_SCOPE, "K", namespace="") == PINNED
+
+
+@given(st.text(min_size=1), st.text(), st.text())
+def test_no_namespaced_key_is_an_unnamespaced_one(namespace, scope, key):
+    # What a namespace joined to the scope or the key by hand would give, or the 1.0 key itself.
+    namespaced = downstream_key(scope, key, namespace=namespace)
+    assert namespaced not in {
+        downstream_key(scope, key, namespace=""),
+        downstream_key(namespace + scope, key, namespace=""),
+        downstream_key(f"{namespace} {scope}", key, namespace=""),
+        downstream_key(namespace, f"{scope} {key}", namespace=""),
+    }
 
 
 @csrf_exempt
@@ -188,6 +231,24 @@ def test_every_spelling_of_a_key_reaches_the_view_as_one_key_with_one_downstream
     assert seen_by_bob["downstream"] != seen["downstream"]
     row = IdempotencyKey.objects.get(key='a"b\\c', scope__startswith=f"auth.user:{alice.pk} ")
     assert seen["downstream"] == downstream_key(row.scope, row.key)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.urls(__name__)
+def test_two_services_that_share_a_provider_account_give_it_different_keys(alice):
+    # Production and staging (or two services), each with its database, one provider account:
+    # equal user ids, routes and keys. Equal downstream keys would have the provider replay
+    # one's charge to the other.
+    client = ApiClient(alice)
+    client.force_login(alice)
+    charged = {}
+    for service in ("payments-production", "payments-staging"):
+        with override_settings(IDEMPOTENCY={"DOWNSTREAM_KEY_NAMESPACE": service}):
+            answer = client.send("POST", "/charge/", {"amount": 1}, key="order-42")
+        assert answer.status_code == 201, answer.content
+        charged[service] = json.loads(answer.content)["charged"]
+        IdempotencyKey.objects.all().delete()  # the other service's database has no such key
+    assert charged["payments-production"] != charged["payments-staging"]
 
 
 @pytest.mark.django_db

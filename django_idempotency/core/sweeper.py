@@ -61,7 +61,7 @@ def _hook_of(callback: Any) -> Any:
     return hook
 
 
-def _operations(callback: Any) -> list[Any]:
+def ninja_operations(callback: Any) -> list[Any]:
     """The operations of a Django Ninja path, one per method, behind its URL pattern's view.
 
     Ninja's view is a closure over its ``PathView``: what else would tell the sweeper, which
@@ -83,7 +83,7 @@ def _hooks_of(callback: Any) -> dict[str | None, Any]:
         return {None: hook}
     return {
         method: hook
-        for operation in _operations(callback)
+        for operation in ninja_operations(callback)
         if (hook := getattr(operation.view_func, "idempotency_reconcile", None)) is not None
         for method in operation.methods
     }

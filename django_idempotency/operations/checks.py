@@ -18,10 +18,16 @@ from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
 from django_idempotency.core.databases import SUPPORTED_VENDORS, behind_pooler
+from django_idempotency.operations.urlconf import (
+    VIEW_ATTRIBUTES,
+    idempotent_views,
+    lease_mode_views,
+    project_patterns,
+)
 from django_idempotency.policy import SETTING_OF
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator, Sequence
+    from collections.abc import Sequence
 
     from django.apps import AppConfig
     from django.core.checks import CheckMessage
@@ -400,10 +406,6 @@ def check_lease(
     ]
 
 
-# The DRF mixin's attributes: one per option, and the engine.
-_VIEW_ATTRIBUTES = frozenset(f"idempotency_{name}" for name in (*SETTING_OF, "engine"))
-
-
 @register(Tags.urls)
 def check_views(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
@@ -413,15 +415,9 @@ def check_views(
     A misspelt ``idempotency_*`` attribute on a DRF view would otherwise be ignored, and a
     wrong value found only by the view's first request.
     """
-    from django.urls import get_resolver  # noqa: PLC0415 - the URLconf is the project's
-
-    try:
-        patterns = get_resolver().url_patterns
-    except Exception:  # Django's own URL checks report a URLconf that fails
-        return []
     messages: list[CheckMessage] = []
-    known = sorted(_VIEW_ATTRIBUTES)
-    for view, label, options, unknown in _idempotent_views(patterns, set()):
+    known = sorted(VIEW_ATTRIBUTES)
+    for view, label, options, unknown in idempotent_views(project_patterns()):
         for name in unknown:
             close = difflib.get_close_matches(name, known, n=1)
             messages.append(
@@ -448,39 +444,50 @@ def check_views(
     return messages
 
 
-def _idempotent_views(
-    patterns: Iterable[Any], seen: set[int]
-) -> Iterator[tuple[Any, str, dict[str, Any], list[str]]]:
-    """Each idempotent view once: itself, its name, its options and its unknown attributes."""
-    from django.urls import URLResolver  # noqa: PLC0415
+@register(Tags.urls)
+def check_downstream_namespace(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """Downstream keys without a namespace of the project, where they are handed to a provider.
 
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            yield from _idempotent_views(pattern.url_patterns, seen)
-        elif (found := _options_of(pattern.callback)) is not None and id(found[0]) not in seen:
-            seen.add(id(found[0]))
-            yield found
+    What hands them out, as far as can be seen before a request: a view or Ninja operation in
+    lease mode (its option, else ``MODE``), and an idempotent task in lease mode or whose body
+    takes its key, among the tasks declared by then. ``key_of(request).downstream_key`` in an
+    atomic view, or a mode chosen per request, cannot be seen.
+    """
+    user = getattr(settings, "IDEMPOTENCY", {})
+    if not isinstance(user, dict) or user.get("DOWNSTREAM_KEY_NAMESPACE"):
+        return []  # E001 reports a setting that is not a dict, E035 a namespace of a wrong type
+    found = _givers_of_downstream_keys(user.get("MODE") or DEFAULTS["MODE"])
+    if not found:
+        return []
+    (what, obj), more = found[0], len(found) - 1
+    return [
+        Warning(
+            f"{what}{f' (and {more} more)' if more else ''} gives a provider downstream keys, "
+            "and IDEMPOTENCY['DOWNSTREAM_KEY_NAMESPACE'] is not set: another service or "
+            "environment on the same provider account, with equal user ids, routes and keys, "
+            "would give it the same keys, and the provider would replay one's effects to the "
+            "other.",
+            hint="Set it to a name of this project and environment, such as "
+            "'payments-production', once: it changes every downstream key, so set it before "
+            "going live or while no lease is in flight, and never change it. If no other "
+            "project uses the provider account, silence django_idempotency.W011.",
+            obj=obj,
+            id="django_idempotency.W011",
+        )
+    ]
 
 
-def _options_of(callback: Any) -> tuple[Any, str, dict[str, Any], list[str]] | None:
-    # The mixin's module is imported by the project's views if any uses it; DRF is optional.
-    drf = sys.modules.get("django_idempotency.drf")
-    view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
-    if (
-        drf is not None
-        and isinstance(view_class, type)
-        and issubclass(view_class, drf.IdempotentMixin)
-    ):
-        unknown = [
-            name
-            for name in dir(view_class)
-            if name.startswith("idempotency_") and name not in _VIEW_ATTRIBUTES
-        ]
-        options = {name: getattr(view_class, f"idempotency_{name}") for name in SETTING_OF}
-        # A property is read per request, from the view: nothing to check here.
-        options = {
-            name: value for name, value in options.items() if not isinstance(value, property)
-        }
-        return view_class, view_class.__qualname__, options, unknown
-    decorated = getattr(callback, "idempotency_options", None)  # @idempotent's
-    return None if decorated is None else (callback, callback.__qualname__, decorated, [])
+def _givers_of_downstream_keys(mode: str) -> list[tuple[str, Any]]:
+    """What hands a provider downstream keys: a description of each, and the object."""
+    found = lease_mode_views(mode)
+    # The adapter's module is imported by the project's tasks if any is idempotent; Celery is
+    # optional.
+    tasks = sys.modules.get("django_idempotency.celery")
+    for name, (task_mode, takes_key) in getattr(tasks, "DECLARED_TASKS", {}).items():
+        if task_mode == "lease":
+            found.append((f"The lease-mode task {name}", None))
+        elif takes_key:
+            found.append((f"The task {name}, whose body takes its key,", None))
+    return found

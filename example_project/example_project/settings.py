@@ -174,6 +174,9 @@ IDEMPOTENCY = {
     "WAIT_TIMEOUT": 3.0,
     # Whether a request to an idempotent view must carry a key (400 if missing).
     "KEY_REQUIRED": True,
+    # Part of every key the card provider is given: another service or environment on the same
+    # provider account must have its own. Set once, before going live: it changes every key.
+    "DOWNSTREAM_KEY_NAMESPACE": "example-payments",
     # Webhook inbox: processed by a Celery worker when there is a broker, else in the request.
     "INBOX_RUNNER": "celery" if "CELERY_BROKER_URL" in os.environ else "inline",
     # Attempts before an event is dead and waits for a person in the admin.
