@@ -229,7 +229,7 @@ DATABASE_PASSES = [
         selection=(
             "-m",
             "server_db or postgresql or pgbouncer or pooled",
-            "--ignore=tests/blackbox/test_brokers.py",
+            "--ignore-glob=tests/blackbox/test_broker*.py",
         ),
         server=through_pgbouncer,
     ),

@@ -71,7 +71,7 @@ logger = logging.getLogger("django_idempotency.brokers")
 #: Seconds before the first new try of a message whose database was unavailable; the wait
 #: doubles with each try, up to :data:`HOLD_MAX_DELAY`.
 HOLD_DELAY = 0.5
-HOLD_MAX_DELAY = 30.0
+HOLD_MAX_DELAY = 10.0
 #: Seconds between two looks, on Redis, for messages whose consumer died holding them.
 RESTORE_EVERY = 5.0
 #: The reason of a refusal that nothing could record, for its signal and metric.

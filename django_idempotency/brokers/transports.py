@@ -69,7 +69,8 @@ def _unreadable_header(buf: Any, error: UnicodeDecodeError) -> bytes:
 
     class_id, weight, body_size = unpack_from(">HHQ", buf, 0)
     reason = Message(application_headers={UNREADABLE_PROPERTIES: f"not UTF-8: {error}"})
-    return pack(">HHQ", class_id, weight, body_size) + reason._serialize_properties()
+    properties: bytes = reason._serialize_properties()
+    return pack(">HHQ", class_id, weight, body_size) + properties
 
 
 @cache
