@@ -541,3 +541,15 @@ def test_a_handler_whose_writes_fail_at_commit_has_failed_and_is_retried(handler
     event.refresh_from_db()
     assert event.status == "processed"
     assert LedgerEntry.objects.get().payment_id == 424242
+
+
+def test_a_handler_error_whose_message_no_database_stores_is_kept_mended(handler):
+    def handler_raising(event):
+        raise ValueError("the provider said \x00\ud800")
+
+    handler(handler_raising)
+    event = receive("effects", "evt_1", "thing.happened", {"n": 1}).event
+    event.refresh_from_db()
+    assert (event.status, event.attempts) == ("failed", 1)
+    assert event.last_error == "ValueError: the provider said \ufffd\ufffd"
+    assert "\x00" not in event.last_traceback

@@ -46,6 +46,7 @@ from django_idempotency.brokers.transports import (
 )
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import optional
+from django_idempotency.core.text import mended
 from django_idempotency.core.transactions import CommitWatch
 from django_idempotency.inbox.processing import dispatch
 from django_idempotency.inbox.receiving import Receipt, receive, record_failed_attempt, refuse
@@ -116,9 +117,13 @@ def record(source: str, delivery: Delivery) -> Receipt:
                 handle_now=not delivery.redelivered,
                 wait_timeout=idempotency_settings.WAIT_TIMEOUT,
             )
-    except (db.DataError, db.IntegrityError) as exc:
+    except Exception as exc:
         if watch.committed:
-            raise  # an on_commit callback's: see below
+            # An on_commit callback of the handler's raised: the message is recorded, handled.
+            logger.exception("an on_commit callback failed after message %s", delivery.event_id)
+            return receipt
+        if not isinstance(exc, db.DataError | db.IntegrityError):
+            raise
         if watch.failed_at_commit:
             # The handler's writes broke a deferred constraint: the handler failed.
             with transaction.atomic(using=using, durable=True):
@@ -147,7 +152,7 @@ def _refuse(source: str, delivery: Delivery, reason: str, using: str) -> Receipt
             source,
             delivery.event_type,
             delivery.payload,
-            reason,
+            mended(reason),
             event_id=delivery.event_id,
             headers=delivery.headers,
         )
@@ -316,9 +321,9 @@ class MessageConsumer(ConsumerMixin):  # type: ignore[misc] # kombu is untyped
             try:
                 work()
             except (db.DataError, db.IntegrityError):
-                # What record() refuses to keep twice over, or an on_commit callback's error
-                # after the commit: logged, and the message is done with.
-                logger.exception("could not record message %s; it is refused", message_id)
+                # Even the refusal could not be kept: logged and counted, and the message is
+                # done with.
+                logger.exception("could not keep message %s; it is refused", message_id)
                 self._count_refusal()
             except db.Error as exc:  # psycopg2's lost connection is no DatabaseError
                 if self.should_stop:
@@ -335,9 +340,10 @@ class MessageConsumer(ConsumerMixin):  # type: ignore[misc] # kombu is untyped
                 time.sleep(delay)
                 continue
             except Exception:
-                # Not the database, and not the message's handler (its errors are the event's):
-                # an on_commit callback, or a fault of ours. The message is done with.
-                logger.exception("an error followed message %s", message_id)
+                # Not the database, and not the handler (its errors are the event's): a fault
+                # of ours, which no try would mend. Logged and counted; the message is done with.
+                logger.exception("could not record message %s; it is refused", message_id)
+                self._count_refusal()
             return True
         return False  # unreachable: count() has no end
 
@@ -355,11 +361,19 @@ def check_source(source: str) -> None:
         raise ValueError(msg)
 
 
-def declare(url: str, queues: Sequence[Queue], options: Mapping[str, Any]) -> None:
-    """Declare ``queues`` (and their bindings) once; raise ``QueueRefused`` with the broker's
-    reason if it refuses one."""
+def declare(
+    url: str, queues: Sequence[Queue], options: Mapping[str, Any], stop: threading.Event
+) -> None:
+    """Declare ``queues`` (and their bindings) once, waiting for the broker to answer until
+    ``stop`` is set; raise ``QueueRefused`` with the broker's reason if it refuses one."""
+
+    def unreachable(exc: Exception, interval: float) -> None:
+        if stop.is_set():
+            raise exc
+        logger.warning("the broker does not answer (%s); trying again in %.1f s", exc, interval)
+
     with Connection(url, transport_options=dict(options)) as connection:
-        connection.ensure_connection(max_retries=3)
+        connection.ensure_connection(unreachable, **MessageConsumer.RECONNECT)
         channel = connection.default_channel
         for queue in queues:
             try:
@@ -390,7 +404,7 @@ def consume(
     """
     check_source(source)
     options = dict(transport_options or {})
-    declare(url, queues, options)
+    declare(url, queues, options, stop)
     consumers = [
         MessageConsumer(
             Connection(url, transport_options=options),

@@ -11,12 +11,12 @@ of the body as can be kept.
 from __future__ import annotations
 
 import hashlib
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django_idempotency.brokers.transports import UNREADABLE_PROPERTIES
 from django_idempotency.core.bodies import UnfitJSON, load_json
+from django_idempotency.core.text import mended, storable
 
 if TYPE_CHECKING:
     from kombu.message import Message
@@ -32,10 +32,6 @@ MAX_LENGTH = 255
 KEPT_BODY = 10_000
 #: The content types read as JSON; a message with none is read as JSON too.
 JSON_TYPES = frozenset({"", "application/json", "text/json"})
-
-# What no database column takes: PostgreSQL refuses NUL in text and in JSON, and a lone surrogate
-# is not Unicode text that UTF-8 can encode.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -96,16 +92,6 @@ def kept(body: Any) -> dict[str, str]:
         "body": mended(raw[: KEPT_BODY * 4].decode(errors="replace")[:KEPT_BODY]),
         "body_sha256": hashlib.sha256(raw).hexdigest(),
     }
-
-
-def mended(text: str) -> str:
-    """``text`` with what no database takes (NUL, lone surrogates) replaced by U+FFFD."""
-    return _UNSTORABLE.sub("\ufffd", text)
-
-
-def storable(text: str) -> bool:
-    """Whether every database takes ``text``: no NUL character, no lone surrogate."""
-    return _UNSTORABLE.search(text) is None
 
 
 def _text_problem(value: Any, max_length: int = MAX_LENGTH) -> str | None:

@@ -36,6 +36,7 @@ from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
+from django_idempotency.core.text import mended
 from django_idempotency.core.transactions import CommitWatch, write_transaction
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
@@ -332,7 +333,7 @@ def fail_attempt(event: InboxEvent, error: Exception) -> ProcessResult:
         event.next_attempt_at = None
     event.processed_at = None
     event.last_error = error_text(error)
-    event.last_traceback = "".join(traceback.format_exception(error))
+    event.last_traceback = mended("".join(traceback.format_exception(error)))
     return outcome
 
 

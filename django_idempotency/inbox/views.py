@@ -22,6 +22,7 @@ from django_idempotency.core.bodies import (
     load_json,
     max_json_depth,
 )
+from django_idempotency.core.text import storable
 from django_idempotency.inbox.processing import ProcessResult
 from django_idempotency.inbox.receiving import receive
 from django_idempotency.signing import SignatureError
@@ -199,7 +200,7 @@ class WebhookReceiverView(View):
             raise _Refusal(problems.PAYLOAD_INVALID, "The event id must be 1 to 255 long.")
         event_type = self.get_event_type(request, payload)[:255]
         for name, value in (("id", event_id), ("type", event_type)):
-            if value is not None and not _storable(value):
+            if value is not None and not storable(value):
                 raise _Refusal(problems.PAYLOAD_INVALID, f"The event {name} is not valid text.")
         return payload, event_id, event_type
 
@@ -211,16 +212,6 @@ class WebhookReceiverView(View):
         )
         response["Allow"] = "POST"
         return response
-
-
-def _storable(text: str) -> bool:
-    """Whether a database column can hold ``text``: UTF-8 (no lone surrogate, as JSON's
-    "\\ud800" gives) and no NUL character."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return "\x00" not in text
 
 
 class _Refusal(Exception):

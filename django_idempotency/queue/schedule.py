@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django_idempotency.conf import idempotency_settings
+from django_idempotency.core.text import mended
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.queue.backoff import full_jitter
 
@@ -90,8 +91,9 @@ def change_unclaimed(
 
 
 def error_text(error: BaseException) -> str:
-    """What a row keeps of ``error``: its type and its message, bounded."""
-    return f"{type(error).__qualname__}: {error}"[:ERROR_MAX_LENGTH]
+    """What a row keeps of ``error``: its type and its message, bounded, as text every database
+    stores."""
+    return mended(f"{type(error).__qualname__}: {error}"[:ERROR_MAX_LENGTH])
 
 
 def stopped_text(runner: str, attempt: int) -> str:
