@@ -33,8 +33,9 @@ from django_idempotency.operations.correlation import get_correlation_id
 from django_idempotency.policy import Policy
 from tests.factories import IdempotencyKeyFactory
 from tests.task_worker import refund
-from tests.test_store import in_threads
+from tests.test_store import in_threads, leave_behind
 from tests.testapp.models import Refund
+from tests.testapp.views import lock_wait_bound
 
 # Effects of the in-process tasks below, by label.
 RUNS: list[str] = []
@@ -297,6 +298,25 @@ def test_a_result_that_is_not_json_rolls_back_like_a_failure():
         not_json(idempotency_key="k")
     assert not Refund.objects.exists()
     assert not IdempotencyKey.objects.exists()
+
+
+@idempotent_task(name="tests.lock_wait")
+def report_lock_wait():
+    return lock_wait_bound()
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("found", ["nothing", "expired", "failed"])
+def test_the_body_runs_under_the_sessions_own_lock_wait(found):
+    # The claim's bound on a duplicate's wait is the claim's alone, a takeover's too.
+    session = lock_wait_bound()
+    if found != "nothing":
+        assert report_lock_wait(idempotency_key="k") == session
+        leave_behind(found)
+
+    assert report_lock_wait(idempotency_key="k") == session
+    assert key_row().lease_version == (1 if found == "nothing" else 2)
 
 
 @pytest.mark.django_db(transaction=True)

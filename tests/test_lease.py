@@ -22,8 +22,9 @@ from django_idempotency.core.store import Conflict, KeyStore, NewKey, key_store
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory
+from tests.test_store import leave_behind
 from tests.testapp.models import Charge, Payment
-from tests.testapp.views import LeasePaymentView, RecoveringLeasePaymentView
+from tests.testapp.views import LeasePaymentView, RecoveringLeasePaymentView, lock_wait_bound
 
 ROOT = Path(__file__).resolve().parent.parent
 # Leases are renewed from another thread, on a connection of its own: through PgBouncer too.
@@ -139,6 +140,23 @@ class TestLeaseRequests:
         with pytest.raises(ImproperlyConfigured, match="non_atomic_requests"):
             client_alice.send("POST", "/lease/", {"amount": 5}, key=key)
         assert IdempotencyKey.objects.count() == 0
+
+
+@pytest.mark.server_db
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("found", ["nothing", "expired", "failed", "lease ran out"])
+def test_a_lease_mode_view_runs_under_the_sessions_own_lock_wait(client_alice, key, found):
+    # The claim commits before the view runs; a takeover's claim must not bound the view either.
+    session = lock_wait_bound()
+    if found != "nothing":
+        client_alice.send("POST", "/lease-lock-wait/", {}, key=key)
+        leave_behind(found)
+
+    response = client_alice.send("POST", "/lease-lock-wait/", {}, key=key)
+
+    assert response["Idempotency-Status"] == "stored"
+    assert json.loads(response.content)["lock_wait"] == session
+    assert IdempotencyKey.objects.get().lease_version == (1 if found == "nothing" else 2)
 
 
 @pytest.mark.server_db

@@ -14,10 +14,13 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_idempotency.core.store import Claim, NewKey, StoredResponse, key_store
+from django_idempotency import signals
+from django_idempotency.core.store import Claim, Conflict, NewKey, StoredResponse, key_store
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import BEHIND_PGBOUNCER, ApiClient
+from tests.factories import IdempotencyKeyFactory
 from tests.testapp.models import LedgerEntry, Payment
+from tests.testapp.views import lock_wait_bound
 
 pytestmark = [pytest.mark.server_db, pytest.mark.django_db(transaction=True)]
 
@@ -286,13 +289,133 @@ def test_a_session_ended_behind_a_pooler_is_replaced(client_alice, key):
     assert Payment.objects.count() == 1
 
 
-@pytest.mark.postgresql
-def test_the_view_runs_without_the_claims_lock_timeout(client_alice, key):
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW lock_timeout")
-        (session_value,) = cursor.fetchone()
-    response = client_alice.send("POST", "/lock-timeout/", {}, key=key)
-    assert json.loads(response.content)["lock_timeout"] == session_value
+def leave_behind(state):
+    """Leave the one key row as a retry finds it and takes it over: ``expired``, ``failed``, or
+    ``lease ran out`` (its lease-mode request died)."""
+    past = timezone.now() - timedelta(seconds=1)
+    changes = {
+        "expired": {"expires_at": past},
+        "failed": {"state": IdempotencyKey.State.FAILED},
+        "lease ran out": {"state": IdempotencyKey.State.IN_PROGRESS, "locked_until": past},
+    }[state]
+    assert IdempotencyKey.objects.update(**changes) == 1
+
+
+# The claim bounds its own wait on a duplicate's row (PostgreSQL's lock_timeout, MariaDB's
+# innodb_lock_wait_timeout); the view waits on its own row locks as long as it would without the
+# library, whichever way the key was claimed.
+@pytest.mark.parametrize("atomic_requests", [False, True], ids=["", "ATOMIC_REQUESTS"])
+@pytest.mark.parametrize("found", ["nothing", "expired", "failed"])
+def test_the_view_runs_under_the_sessions_own_lock_wait(
+    client_alice, key, monkeypatch, found, atomic_requests
+):
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", atomic_requests)
+    session = lock_wait_bound()
+    if found != "nothing":
+        first = client_alice.send("POST", "/lock-wait/", {}, key=key)
+        assert json.loads(first.content)["lock_wait"] == session
+        leave_behind(found)
+
+    response = client_alice.send("POST", "/lock-wait/", {}, key=key)
+
+    assert response["Idempotency-Status"] == "stored"
+    assert json.loads(response.content)["lock_wait"] == session
+    assert IdempotencyKey.objects.get().lease_version == (1 if found == "nothing" else 2)
+
+
+@pytest.mark.parametrize(
+    ("amount", "outcome"),
+    [(5, signals.key_replayed), (6, signals.payload_mismatch)],
+    ids=["replayed", "mismatch"],
+)
+def test_a_duplicate_that_waited_leaves_no_bound_on_the_rest_of_its_request(
+    alice, key, monkeypatch, amount, outcome
+):
+    # Under ATOMIC_REQUESTS the request's transaction goes on after the engine answered: its
+    # signal receivers (and whatever else the request does) run in it.
+    monkeypatch.setitem(connection.settings_dict, "ATOMIC_REQUESTS", True)
+    session, seen = lock_wait_bound(), []
+
+    def receiver(**kwargs):
+        seen.append(lock_wait_bound())
+
+    outcome.connect(receiver, weak=False)
+    try:
+        first = start(
+            lambda: ApiClient(alice).send(
+                "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
+            )
+        )
+        wait_for_key_insert()
+        duplicate = ApiClient(alice).send("POST", "/payments/", {"amount": amount}, key=key)
+        first()
+    finally:
+        outcome.disconnect(receiver)
+
+    assert duplicate.status_code == (201 if amount == 5 else 422)
+    assert seen == [session]
+
+
+# Each row a claim can find where it inserts, and what acquire() makes of it.
+ANOTHER_REQUESTS = {"fingerprint": "1" * 64}
+FOUND = {
+    "completed": ({"completed": True}, StoredResponse),
+    "another request's": ({"completed": True, **ANOTHER_REQUESTS}, Conflict),
+    "leased": ({"leased": True}, Conflict),
+    "expired": ({"completed": True, "expired": True}, Claim),
+    "failed": ({"failed": True}, Claim),
+    "lease ran out": ({"lease_expired": True}, Claim),
+    "another request's, lease ran out": ({"lease_expired": True, **ANOTHER_REQUESTS}, Conflict),
+}
+
+
+@pytest.mark.parametrize("found", FOUND)
+@pytest.mark.parametrize("asked", ["acquire", "claim"])
+def test_no_claim_leaves_its_bound_on_the_transaction(found, asked):
+    traits, acquired = FOUND[found]
+    row = IdempotencyKeyFactory(**traits)
+    now = timezone.now()
+    new = NewKey(
+        scope=row.scope, key=row.key, method="POST", route=row.route, fingerprint="0" * 64,
+        now=now, expires_at=now + timedelta(hours=1), wait_timeout=3,
+    )  # fmt: skip
+    store, session = key_store(IdempotencyKey, "default"), lock_wait_bound()
+    with transaction.atomic():
+        answer = getattr(store, asked)(new)
+        bound = lock_wait_bound()
+
+    if asked == "acquire":
+        assert isinstance(answer, acquired)
+    else:
+        assert isinstance(answer, Claim) is (acquired is Claim)
+    assert bound == session
+
+
+@override_settings(IDEMPOTENCY={"WAIT_TIMEOUT": 0.2})
+@pytest.mark.parametrize("found", ["nothing", "expired"])
+def test_a_view_waits_for_a_row_lock_longer_than_the_claims_bound(client_alice, key, found):
+    payment = Payment.objects.create(amount=1)
+    if found != "nothing":
+        client_alice.send("POST", "/lock-wait/", {}, key=key)
+        leave_behind(found)
+    locked = threading.Event()
+
+    def hold_the_row():
+        with transaction.atomic():
+            Payment.objects.select_for_update().get(pk=payment.pk)
+            locked.set()
+            # Past the claim's bound: 200 ms on PostgreSQL, a whole second on MariaDB.
+            time.sleep(1.5)
+
+    holder = start(hold_the_row)
+    assert locked.wait(timeout=10)
+    response = client_alice.send(
+        "POST", "/lock-wait/", {}, key=key, headers={"X-Lock-Payment": str(payment.pk)}
+    )
+    holder()
+
+    assert response.status_code == 201, response.content
+    assert response["Idempotency-Status"] == "stored"
 
 
 def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):

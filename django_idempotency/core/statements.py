@@ -54,7 +54,7 @@ HOLDER = Holder._fields
 
 
 class Statements(NamedTuple):
-    insert: str  # a new key's row, or nothing if a row holds the key
+    insert: str  # a new key's row, or none (PostgreSQL: a row of NULLs) if a row holds the key
     claim: str  # a new row, or the takeover of an expired, failed or lease-lost one
     holder: str  # the row that holds a key, read without a lock
     count_replays: str
@@ -148,19 +148,16 @@ def build(model: type[Model], connection: BaseDatabaseWrapper) -> Statements:
     )
     updates.update(dict.fromkeys(RESET, "NULL"))
     assignments = ", ".join(f"{c(name)} = {value}" for name, value in updates.items())
+    returning = f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
     # A lease that ran out is taken over by a retry of its request only (see store._free).
     same_request = f"{t}.{c('fingerprint')} = EXCLUDED.{c('fingerprint')}"
     conflict = (
         f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {assignments} "
         f"WHERE {t}.{c('expires_at')} <= %s OR {t}.{c('state')} = 'failed' "
-        f"OR ({t}.{c('locked_until')} <= %s AND {same_request}) "
-        f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
+        f"OR ({t}.{c('locked_until')} <= %s AND {same_request}) {returning}"
     )
     inserted = f"INSERT INTO {t} ({columns}) VALUES ({values})"  # noqa: S608
-    new_only = (
-        f"ON CONFLICT ({c('scope')}, {c('key')}) DO NOTHING "
-        f"RETURNING {c('id')}, {c('lease_version')}, {c('attempts')}"
-    )
+    new_only = f"ON CONFLICT ({c('scope')}, {c('key')}) DO NOTHING {returning}"
     if vendor != "postgresql":
         return Statements(
             f"{inserted} {new_only}",
@@ -173,20 +170,28 @@ def build(model: type[Model], connection: BaseDatabaseWrapper) -> Statements:
             f"{release}({pick})",
             **filters,
         )
-    # The insert sets a transaction-local lock_timeout before it can wait on a duplicate's
-    # uncommitted row, all in one round trip, and RETURNING puts the previous value back once
-    # the key is claimed, so the view's own queries are not bounded by it. A claim that loses
-    # (a replay, a mismatch) runs no view and its transaction ends at once; only an enclosing
-    # ATOMIC_REQUESTS transaction keeps the bound until the request ends.
-    bounded = (
-        "WITH previous AS (SELECT current_setting('lock_timeout') AS value), "  # noqa: S608
-        "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous) "
-        f"INSERT INTO {t} ({columns}) SELECT {values} FROM bounded"
-    )
-    restore = "set_config('lock_timeout', (SELECT value FROM previous), true)"
+
+    # A claim bounds its own wait on a duplicate's uncommitted row with a transaction-local
+    # lock_timeout, set before its insert can wait, and puts the previous value back in the same
+    # statement (one round trip) whether or not the insert returns a row: a claim that returns
+    # none is followed in its transaction by a replay, a refusal or a takeover, and then perhaps
+    # the view, none of which may run under the bound (a takeover's claim would even read it as
+    # the value to put back). So the restore is in the outer SELECT, a LEFT JOIN from the one row
+    # of "previous", which yields its row only once the insert has returned its own or nothing.
+    def bounded(insert: str) -> str:
+        return (
+            "WITH previous AS MATERIALIZED "  # noqa: S608
+            "(SELECT current_setting('lock_timeout') AS value), "
+            "bounded AS (SELECT set_config('lock_timeout', %s, true) FROM previous), "
+            f"claimed AS (INSERT INTO {t} ({columns}) SELECT {values} FROM bounded {insert}) "
+            f"SELECT claimed.{c('id')}, claimed.{c('lease_version')}, claimed.{c('attempts')}, "
+            "set_config('lock_timeout', previous.value, true) "
+            "FROM previous LEFT JOIN claimed ON true"
+        )
+
     return Statements(
-        f"{bounded} {new_only}, {restore}",
-        f"{bounded} {conflict}, {restore}",
+        bounded(new_only),
+        bounded(conflict),
         holder,
         count_replays,
         complete,
@@ -205,7 +210,8 @@ def mariadb(model: type[Model], connection: BaseDatabaseWrapper) -> MariaDBState
     locked row (taken over, replayed, refused) is read and decided in a second statement and
     written in a third, none of which waits: the lock is already this transaction's. The
     insert's wait for a concurrent request's uncommitted row is bounded by this statement's
-    own innodb_lock_wait_timeout, in whole seconds.
+    own innodb_lock_wait_timeout, in whole seconds: SET STATEMENT leaves the session's value to
+    every other statement, the view's included.
     """
     c = Names(model, connection)
     t = c.table

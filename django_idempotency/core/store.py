@@ -9,10 +9,11 @@ when a row holds the key. Then that row is read, without a lock: a completed row
 and an expired, failed or lease-lost one is taken over by ``INSERT … ON CONFLICT DO UPDATE …
 WHERE <expired> RETURNING``, which decides a race for it. Inside a transaction a duplicate blocks
 on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the wait
-is bounded by a transaction-local ``lock_timeout``. SQLite serializes writers instead: the wait
-there is the database's busy timeout, and a wait past it is a retryable 503. MariaDB claims with
-an insert that locks the row holding the key (see ``MariaDBKeyStore``). The statements
-themselves are in ``statements.py``.
+is bounded by a transaction-local ``lock_timeout`` that each claiming statement puts back
+itself, whether or not it claims the key, so the view's statements never run under it (a
+takeover's included). SQLite serializes writers instead: the wait there is the database's busy
+timeout, and a wait past it is a retryable 503. MariaDB claims with an insert that locks the row
+holding the key (see ``MariaDBKeyStore``). The statements themselves are in ``statements.py``.
 
 A replay writes nothing: its count waits in memory (``counting.py``).
 """
@@ -282,7 +283,9 @@ class KeyStore:
                 if is_lock_timeout(exc):
                     raise KeyBusy from exc
                 raise
-            return cast("tuple[Any, ...] | None", cursor.fetchone())
+            row = cast("tuple[Any, ...] | None", cursor.fetchone())
+        # PostgreSQL's claim answers one row, of NULLs when it claimed nothing (statements.py).
+        return None if row is None or row[0] is None else row
 
     def write_replay_counts(self, counts: Mapping[tuple[int, int], Count]) -> None:
         """Add replays counted in memory to their rows, in one transaction of their own."""

@@ -184,14 +184,27 @@ def empty(request):
     return response
 
 
-@csrf_exempt
-@idempotent
-def lock_timeout(request):
-    """Report the lock_timeout the view runs under (PostgreSQL only)."""
+def lock_wait_bound():
+    """How long this connection's statements wait for a row lock, as the database says it:
+    PostgreSQL's lock_timeout, MariaDB's innodb_lock_wait_timeout; None on SQLite."""
+    asked = {"postgresql": "SHOW lock_timeout", "mysql": "SELECT @@innodb_lock_wait_timeout"}
+    if connection.vendor not in asked:
+        return None
     with connection.cursor() as cursor:
-        cursor.execute("SHOW lock_timeout")
-        (value,) = cursor.fetchone()
-    return JsonResponse({"lock_timeout": value}, status=201)
+        cursor.execute(asked[connection.vendor])
+        return str(cursor.fetchone()[0])
+
+
+def report_lock_wait(request):
+    """Report the lock wait bound the view's statements run under; with ``X-Lock-Payment``,
+    first lock that payment's row, waiting for whoever holds it."""
+    if payment := request.headers.get("X-Lock-Payment"):
+        Payment.objects.select_for_update().get(pk=payment)
+    return JsonResponse({"lock_wait": lock_wait_bound()}, status=201)
+
+
+lock_wait = csrf_exempt(idempotent(report_lock_wait))
+lease_lock_wait = csrf_exempt(idempotent(mode="lease")(report_lock_wait))
 
 
 @method_decorator(csrf_exempt, name="dispatch")
