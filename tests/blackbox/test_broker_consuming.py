@@ -324,7 +324,7 @@ def test_a_database_outage_loses_no_message_of_a_quorum_queue_with_a_delivery_li
     queue = new_queue(url, **QUORUM)
     arguments = [f"--queue-argument=x-queue-type={QUORUM['x-queue-type']}"]
     arguments += [f"--queue-argument=x-delivery-limit={QUORUM['x-delivery-limit']}"]
-    consumers.start(url, queue.name, "--concurrency", "2", "--prefetch", "20", *arguments)
+    consumers.start(url, queue.name, "--concurrency", "2", "--prefetch", "1", *arguments)
     for payment in payments(database, sent):
         publish(url, queue, payment)
     wait_for(lambda: receipts(database) >= 20, timeout=30, what="the first receipts")
