@@ -405,11 +405,10 @@ def test_a_message_whose_recording_fails_is_held_and_tried_again_not_requeued(
     assert broker.ready() == 0
 
 
-def test_the_command_consumes_until_sigterm(broker, handled):
-    broker.send({"data": {}}, message_id="m-1")
+def consume_with_the_command(broker, *arguments, seconds=3):
+    """Run ``idempotency_consume`` on the broker's queue until SIGTERM, ``seconds`` later."""
     stdout = io.StringIO()
-    # SIGTERM, as a supervisor sends it, once the message had time to be handled.
-    timer = threading.Timer(3, os.kill, (os.getpid(), signal.SIGTERM))
+    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
         call_command(
@@ -417,20 +416,24 @@ def test_the_command_consumes_until_sigterm(broker, handled):
             broker.queue.name,
             "--broker",
             broker.url,
-            "--exchange",
-            broker.exchange.name,
-            "--routing-key",
-            "#",
             "--source",
             broker.source,
-            "--transport-option",
-            "visibility_timeout=60",
+            *arguments,
             stdout=stdout,
         )
     finally:
         timer.cancel()
-    assert f"Consuming {broker.queue.name} as {broker.source}" in stdout.getvalue()
-    assert stdout.getvalue().endswith("Stopped.\n")
+    return stdout.getvalue()
+
+
+def test_the_command_consumes_until_sigterm(broker, handled):
+    broker.send({"data": {}}, message_id="m-1")
+    output = consume_with_the_command(
+        broker, "--exchange", broker.exchange.name, "--routing-key", "#",
+        "--transport-option", "visibility_timeout=60",
+    )  # fmt: skip
+    assert f"Consuming {broker.queue.name} as {broker.source}" in output
+    assert output.endswith("Stopped.\n")
     assert [call[0] for call in handled] == ["m-1"]
     assert broker.ready() == 0
 
@@ -613,27 +616,6 @@ def test_a_source_no_event_can_be_recorded_as_is_refused_at_once(broker):
         MessageConsumer(Connection(broker.url), [broker.queue], source="s" * 101)
     with pytest.raises(CommandError, match="1 to 100 characters"):
         call_command("idempotency_consume", "q", "--broker", broker.url, "--source", "s" * 101)
-
-
-def consume_with_the_command(broker, *arguments, seconds=3):
-    """Run ``idempotency_consume`` on the broker's queue until SIGTERM, ``seconds`` later."""
-    stdout = io.StringIO()
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
-    timer.start()
-    try:
-        call_command(
-            "idempotency_consume",
-            broker.queue.name,
-            "--broker",
-            broker.url,
-            "--source",
-            broker.source,
-            *arguments,
-            stdout=stdout,
-        )
-    finally:
-        timer.cancel()
-    return stdout.getvalue()
 
 
 def test_a_queue_the_operator_declared_otherwise_fails_the_command_at_start(broker, handled):

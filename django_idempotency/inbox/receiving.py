@@ -107,10 +107,9 @@ def receive(
         next_attempt_at=now if to_workers else now + DISPATCH_GRACE,
     )
     with bounded_wait(using, wait_timeout):
-        recorded = record(event, using, wake=to_workers, wait_timeout=wait_timeout)
-        if not recorded.inserted:
-            return _duplicate(event, recorded, using)
-    _inserted(event, recorded.pk, using)
+        duplicate = _insert(event, using, wake=to_workers, wait_timeout=wait_timeout)
+    if duplicate is not None:
+        return duplicate
     receipt = Receipt(event, created=True)
     if handle_now:
         receipt.outcome = process_recorded(event, using, now=now)
@@ -165,10 +164,8 @@ def refuse(
         last_error=reason,
     )
     using = router.db_for_write(InboxEvent)
-    recorded = record(event, using)
-    if not recorded.inserted:
-        return _duplicate(event, recorded, using)
-    _inserted(event, recorded.pk, using)
+    if (duplicate := _insert(event, using)) is not None:
+        return duplicate
 
     def after_commit() -> None:
         logger.error(
@@ -216,10 +213,8 @@ def record_failed_attempt(
     )
     outcome = fail_attempt(event, error)
     using = router.db_for_write(InboxEvent)
-    recorded = record(event, using)
-    if not recorded.inserted:
-        return _duplicate(event, recorded, using)
-    _inserted(event, recorded.pk, using)
+    if (duplicate := _insert(event, using)) is not None:
+        return duplicate
     report_outcome(event, outcome, error, using, from_state=InboxEvent.Status.RECEIVED)
     return Receipt(event, created=True, outcome=outcome)
 
@@ -249,10 +244,16 @@ def _new_event(
     )
 
 
-def _inserted(event: InboxEvent, pk: int, using: str) -> None:
-    event.pk = pk
+def _insert(event: InboxEvent, using: str, **options: Any) -> Receipt | None:
+    """Insert ``event``, which then is its row; or return the receipt of a duplicate, if its
+    (source, event id) is taken. ``options`` go to ``statements.record``."""
+    recorded = record(event, using, **options)
+    if not recorded.inserted:
+        return _duplicate(event, recorded, using)
+    event.pk = recorded.pk
     event._state.adding = False
     event._state.db = using
+    return None
 
 
 def _duplicate(delivered: InboxEvent, found: Recorded, using: str) -> Receipt:
