@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +26,7 @@ from django.db import OperationalError, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import signals, tasks
+from django_idempotency import guard, signals, tasks
 from django_idempotency.inbox import StandardWebhooksSignature
 from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import (
@@ -393,6 +394,48 @@ def test_a_dispatcher_that_raises_a_permanent_error_makes_the_message_dead(perio
     message = OutboxMessage.objects.get()
     assert (message.status, message.attempts, message.next_attempt_at) == ("dead", 1, None)
     assert message.last_error == "PermanentError: the consumer no longer takes this topic"
+
+
+def test_a_dispatcher_is_told_the_time_its_relay_has_left(periodic_only):
+    told = []
+    register_dispatcher("tests.timed", lambda message: told.append(guard.remaining()))
+    try:
+        publish("tests.timed", {})
+        relay(max_seconds=5)
+        publish("tests.timed", {})
+        relay()
+        # Run for a request whose caller waits two seconds more (Request-Timeout-Ms: 2000).
+        publish("tests.timed", {})
+        with guard.inbound(guard.from_headers({guard.TIMEOUT_HEADER: "2000"})):
+            relay(max_seconds=5)
+    finally:
+        unregister("tests.timed")
+
+    bounded, unbounded, for_a_caller = told
+    assert 0 < bounded <= 5
+    assert unbounded is None
+    assert 0 < for_a_caller <= 2
+
+
+def test_a_webhook_that_does_not_answer_holds_the_relay_no_longer_than_its_time(periodic_only):
+    # The kernel accepts the connections; nobody reads the requests or answers them.
+    with socket.create_server(("127.0.0.1", 0), backlog=16) as silent:
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/hook/"
+        register_dispatcher("payment.captured", WebhookDispatcher(url, ["whsec_dGVzdA=="]))
+        try:
+            message = publish("payment.captured", {"amount": 1})
+            started = time.monotonic()
+            result = relay(max_seconds=1)
+            seconds = time.monotonic() - started
+        finally:
+            unregister("payment.captured")
+
+    # The dispatcher's own timeout (10 s a request, 30 s with its retries) was cut to the
+    # relay's second; the message is given back, its attempt not counted.
+    assert seconds < 3
+    assert (result.dispatched, result.failed, result.complete) == (0, 0, False)
+    message.refresh_from_db()
+    assert (message.status, message.attempts, message.last_error) == ("pending", 0, "")
 
 
 class _Recorder:

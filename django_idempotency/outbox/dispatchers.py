@@ -99,7 +99,8 @@ class WebhookDispatcher:
     The message id goes in the body's ``id``, the ``webhook-id`` header and the
     ``Idempotency-Key`` header, so the consumer can dedupe each way. A 2xx answer delivers the
     message. Needs httpx and the ``client`` extra: short network failures are retried at once by
-    the retry client, longer ones by the outbox's schedule.
+    the retry client, longer ones by the outbox's schedule. The retry client waits no longer than
+    the relay has left (``guard.remaining()``), unless its policy does not ``propagate``.
     """
 
     def __init__(

@@ -12,6 +12,8 @@ locking of a redelivery come from the retry queue (``queue``), which the inbox s
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -25,6 +27,7 @@ from django.db import connections, router, transaction
 from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 
+from django_idempotency import guard
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
@@ -42,7 +45,7 @@ from django_idempotency.queue.schedule import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Callable, Iterator, Mapping
     from datetime import datetime
 
     from django.db.models import QuerySet
@@ -51,7 +54,8 @@ logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
 #: How long an inline relay, run by the process that published, may take, and its batch size:
-#: it stops between two messages once the time is up.
+#: the dispatchers are told the time left (``guard.remaining()``), and a message not sent in
+#: time is given back to the periodic relay.
 INLINE_MAX_SECONDS = 10.0
 INLINE_BATCH_SIZE = 10
 #: How long a relay owns the batch it claimed: past it, the batch's messages are due again.
@@ -157,15 +161,18 @@ def relay(
 
     Each batch is claimed for ``lease``: if the relay dies before it marks them, its messages
     are due again when the lease ends. ``max_seconds`` bounds the run (the next one carries
-    on). Safe in several processes at once. ``now`` and ``random`` are for tests.
+    on): dispatchers read what is left of it with ``guard.remaining()``, and a message whose
+    dispatch fails once the time is up is given back, its attempt not counted. Safe in several
+    processes at once. ``now`` and ``random`` are for tests.
     """
     using = router.db_for_write(OutboxMessage)
     started = time.monotonic()
+    deadline = _deadline(started, max_seconds)
     counts = {Status.DISPATCHED: 0, Status.PENDING: 0, Status.DEAD: 0}
     batches = 0
     complete = True
     while True:
-        if max_seconds is not None and time.monotonic() - started >= max_seconds:
+        if deadline is not None and time.monotonic() >= deadline:
             complete = False
             break
         batch, spent = _claim(using, now(), batch_size, lease)
@@ -177,15 +184,23 @@ def relay(
         # and a consumer that writes to this database (the inbox of the same project) can.
         delivered = []
         for index, message in enumerate(batch):
-            if max_seconds is not None and time.monotonic() - started >= max_seconds:
+            if deadline is not None and time.monotonic() >= deadline:
                 _release(batch[index:], using, now())
                 complete = False
                 break
             # What the dispatcher logs (the retry client's lines) carries the message's id.
             with correlation.bind(correlation.from_headers(message.headers)):
-                failure = _dispatch(message)
+                with _bounded(deadline):
+                    failure = _dispatch(message)
                 if failure is None:
                     delivered.append(message)
+                elif deadline is not None and time.monotonic() >= deadline:
+                    # Cut short by the relay's time, not refused: the next relay sends it, with
+                    # the time its dispatcher needs.
+                    _out_of_time(message, failure)
+                    _release(batch[index:], using, now())
+                    complete = False
+                    break
                 else:
                     counts[_record_failure(message, failure, using, now(), random)] += 1
         # One statement for the whole batch: the usual outcome is cheap. A message whose
@@ -225,6 +240,41 @@ def relay(
             },
         )
     return result
+
+
+def _deadline(started: float, max_seconds: float | None) -> float | None:
+    """When the relay must stop (on the ``time.monotonic()`` clock): at ``max_seconds``, or
+    sooner if whoever called it waits less (a request with ``Request-Timeout-Ms``)."""
+    own = None if max_seconds is None else started + max_seconds
+    deadlines = [end for end in (own, guard.current().deadline) if end is not None]
+    return min(deadlines, default=None)
+
+
+@contextlib.contextmanager
+def _bounded(deadline: float | None) -> Iterator[None]:
+    """Tell the dispatcher, through ``guard.remaining()``, the time the relay has left."""
+    if deadline is None:
+        yield
+        return
+    current = guard.current()
+    with guard.inbound(dataclasses.replace(current, deadline=deadline)):
+        yield
+
+
+def _out_of_time(message: OutboxMessage, failure: Exception) -> None:
+    logger.warning(
+        "outbox message %s was not sent before the relay's time ran out (%s); it is left to "
+        "the next relay",
+        message.message_id,
+        error_text(failure),
+        extra={
+            "idempotency_message_id": str(message.message_id),
+            "idempotency_topic": message.topic,
+            "idempotency_outcome": "out_of_time",
+            "idempotency_attempt": message.attempts,
+            correlation.LOG_FIELD: correlation.from_headers(message.headers),
+        },
+    )
 
 
 def _claim(
