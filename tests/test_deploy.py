@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from django_idempotency import signals
 from django_idempotency.client import CircuitBreakers, RetryBudgets, RetryPolicy, RetryTransport
+from django_idempotency.core import outcomes
 from django_idempotency.models import IdempotencyKey, InboxEvent
 from tests.conftest import CI
 
@@ -50,10 +51,10 @@ GRID_WIDTH = 24
 def exercise_every_family() -> RetryPolicy:
     """Give each labelled family a sample: a family without one shows no labels in a scrape.
 
-    The decisions, inbox steps, refusals, tasks, leases and replay cache errors are counted by
-    the library's own receivers of its signals; the retry client runs for real, against a host
-    that fails once. The policy returned holds the host's circuit breaker, which the scrape
-    reports only while it lives.
+    The decisions, inbox steps, refusals, tasks, leases, replay cache errors and unroutable
+    broker messages are counted by the library's own receivers of its signals; the retry client
+    runs for real, against a host that fails once. The policy returned holds the host's circuit
+    breaker, which the scrape reports only while it lives.
     """
     signals.key_replayed.send(
         sender=None,
@@ -84,6 +85,7 @@ def exercise_every_family() -> RetryPolicy:
         sender=IdempotencyKey, key="deploy-key", scope="deploy", route="deploy/"
     )
     signals.replay_cache_failed.send(sender="idempotency", operation="get", error=OSError())
+    outcomes.report_unroutable("deploy-events", "deploy.happened")
     answers = [httpx.Response(503), httpx.Response(200)]
     policy = RetryPolicy(
         breaker=CircuitBreakers(),

@@ -1,7 +1,8 @@
 """What the engine decided for a request, and how a decision is logged and signalled.
 
 Also what the inbox, the outbox and the retry client share to report their own steps: the
-fields of a state change, and the hook that a scheduled retry's delay is reported through.
+fields of a state change, and the hooks that a scheduled retry's delay, and a broker message no
+queue took, are reported through.
 """
 
 from __future__ import annotations
@@ -64,6 +65,12 @@ _PROBLEM_MAX_LENGTH = 16 * 1024
 retry_scheduled = Signal()
 
 
+#: Sent when a broker dispatcher finds that no queue takes a message (the broker returned it, or
+#: none of the exchange's bindings matches its routing key), with ``exchange`` and ``topic``.
+#: The metrics module receives it.
+message_unroutable = Signal()
+
+
 def state_change(from_state: str | None, to_state: str | None) -> dict[str, str | None]:
     """The fields of a log record about an object whose state changes."""
     # A model's status choice logs as its value, whatever the formatter does with enums.
@@ -84,6 +91,12 @@ def report_retry(component: str, delay: float, attempt: int, **details: Any) -> 
             attempt=attempt,
             **details,
         )
+
+
+def report_unroutable(exchange: str, topic: str) -> None:
+    """Tell the metrics module that no queue took a message published to ``exchange``."""
+    if message_unroutable.has_listeners():
+        signals.send_robustly(message_unroutable, exchange, exchange=exchange, topic=topic)
 
 
 @dataclass

@@ -353,7 +353,22 @@ class CircuitCollector(Collector):
         ]
 
 
+# One per attempt: the message stays pending, is retried, and ends dead.
+BROKER_UNROUTABLE = Counter(
+    "django_idempotency_broker_unroutable",
+    "Publishes of outbox messages to a broker that no queue took, by exchange and topic.",
+    ["exchange", "topic"],
+)
+
+
+def _count_unroutable(*, exchange: str, topic: str, **_: Any) -> None:
+    BROKER_UNROUTABLE.labels(exchange=exchange, topic=topic).inc()
+
+
 def _connect() -> None:
+    outcomes.message_unroutable.connect(
+        _count_unroutable, dispatch_uid="django_idempotency.operations.metrics", weak=False
+    )
     for signal in signals.DECISION_SIGNALS:
         signal.connect(
             _count_decision, dispatch_uid="django_idempotency.operations.metrics", weak=False

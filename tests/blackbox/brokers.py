@@ -1,5 +1,5 @@
 """Brokers of the fault tests' own: a RabbitMQ node and a Redis on ports of their own, never the
-machine's shared ones, and a TCP proxy whose connections a test can cut."""
+machine's shared ones, and a TCP proxy whose connections a test can cut or freeze."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import uuid
 from pathlib import Path
 
 from tests.blackbox.harness import Process, free_port, wait_for
 
-# Debian installs the server's own script here; /usr/sbin/rabbitmq-server would switch user.
+# Debian installs the server's own scripts here; those in /usr/sbin would switch user.
 RABBITMQ_SERVER = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+RABBITMQCTL = "/usr/lib/rabbitmq/bin/rabbitmqctl"
 START_TIMEOUT = 60.0
 
 
@@ -52,10 +54,11 @@ class RabbitMQ:
         (directory / "enabled_plugins").write_text("[].\n")
         self.process: Process | None = None
         self.starts = 0
-
-    def start(self) -> None:
-        env = {
+        self.env = {
             **os.environ,
+            # The node's Erlang cookie, which rabbitmqctl needs too, in its directory: not in
+            # the user's home, shared with every other node.
+            "HOME": str(directory),
             "RABBITMQ_CONF_ENV_FILE": str(self.directory / "rabbitmq-env.conf"),
             "RABBITMQ_CONFIG_FILE": str(self.directory / "rabbitmq.conf"),
             "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.directory / "enabled_plugins"),
@@ -66,9 +69,11 @@ class RabbitMQ:
             "RABBITMQ_PID_FILE": str(self.directory / "pid"),
             "ERL_EPMD_ADDRESS": "127.0.0.1",
         }
+
+    def start(self) -> None:
         self.starts += 1
         log = self.directory / f"server-{self.starts}.log"
-        self.process = Process([RABBITMQ_SERVER], env=env, log=log, cwd=self.directory)
+        self.process = Process([RABBITMQ_SERVER], env=self.env, log=log, cwd=self.directory)
         wait_for(
             lambda: answers(self.port) or self.process.popen.poll() is not None,  # type: ignore[union-attr]
             timeout=START_TIMEOUT,
@@ -76,6 +81,19 @@ class RabbitMQ:
             what="RabbitMQ to answer",
         )
         assert self.process.popen.poll() is None, self.process.log()
+
+    def ctl(self, *args: str) -> str:
+        """Run ``rabbitmqctl`` on this node, as an operator would; return what it printed."""
+        completed = subprocess.run(
+            [RABBITMQCTL, "-n", self.node, "-q", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert completed.returncode == 0, completed.stdout + completed.stderr
+        return completed.stdout
 
     def stop(self) -> None:
         """Stop the node as an operator would: it closes every connection, keeps its data."""
@@ -89,7 +107,8 @@ class RabbitMQ:
 
 
 class Proxy:
-    """Forward a local port to ``port``; :meth:`cut` drops every connection open through it."""
+    """Forward a local port to ``port``; :meth:`cut` drops every connection open through it, and
+    :meth:`freeze` holds what either side sends, as a broker that stopped answering does."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -98,6 +117,8 @@ class Proxy:
         self.open: set[socket.socket] = set()
         self.lock = threading.Lock()
         self.cuts = 0
+        self.flowing = threading.Event()
+        self.flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -120,6 +141,7 @@ class Proxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
+                self.flowing.wait()
                 sink.sendall(data)
         for end in (source, sink):
             self._close(end)
@@ -138,9 +160,17 @@ class Proxy:
         for end in ends:
             self._close(end)
 
+    def freeze(self) -> None:
+        """Forward nothing more, either way, until :meth:`thaw`; the connections stay open."""
+        self.flowing.clear()
+
+    def thaw(self) -> None:
+        self.flowing.set()
+
     def close(self) -> None:
         self.listener.close()
         self.cut()
+        self.thaw()
 
 
 def kill(process: Process) -> None:
