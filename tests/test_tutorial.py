@@ -86,11 +86,15 @@ def test_the_tutorial_does_what_it_says(project):
         stderr=subprocess.STDOUT,
     )
     try:
-        for _ in range(100):
+        # runserver checks the project first: on a loaded machine that takes seconds.
+        deadline = time.monotonic() + 60
+        while server.poll() is None and time.monotonic() < deadline:
             with socket.socket() as sock:
                 if sock.connect_ex(("127.0.0.1", port)) == 0:
                     break
             time.sleep(0.1)
+        else:
+            raise AssertionError((folder / "server.log").read_text())
         at = f"127.0.0.1:{port}"
         curls = [c.replace("127.0.0.1:8000", at) for c in commands(text) if c.startswith("curl")]
         assert len(curls) == 3
