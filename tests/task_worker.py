@@ -43,6 +43,9 @@ def make_app(broker: str) -> Celery:
         # Look for such messages every second, not every 100 s.
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
+        # A worker killed while it looked keeps the look's lock in Redis until this expires (5
+        # minutes by default): no other worker could put the killed one's message back.
+        "unacked_mutex_expire": 5,
     }
     app.conf.broker_connection_retry_on_startup = True
     app.conf.worker_prefetch_multiplier = 1
