@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
 from django_idempotency.core import optional
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from typing import IO
 
     from django.db.models import Model, QuerySet
-    from django.http import HttpResponseBase
+    from django.http import HttpRequest, HttpResponseBase
     from rest_framework.generics import GenericAPIView
     from rest_framework.request import Request
     from rest_framework.serializers import BaseSerializer
@@ -51,6 +52,69 @@ else:
     _GenericBase = object
 
 
+# APIView, named rather than imported: rest_framework.views reads DEFAULT_PARSER_CLASSES on
+# import, and that setting may name this module's JSONParser.
+_DRF_DISPATCH = "rest_framework.views.APIView"
+
+
+class _Dispatch(_Base):
+    """DRF's ``APIView.dispatch``, with the call of the handler open to the mixins.
+
+    DRF calls the handler straight after ``initial()``, with no hook between. This is its
+    dispatch step for step, but the handler is called through ``_respond()``, which
+    ``IdempotentMixin`` runs under the request's key, and within it ``_call_handler()``, which
+    ``ConditionalMixin`` runs in a transaction: they nest the same whatever the order of the
+    bases, after every ``initial()``, around the handler alone.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        mro = cls.__mro__
+        after = (klass for klass in mro[mro.index(_Dispatch) + 1 :] if "dispatch" in vars(klass))
+        skipped = next(after, None)
+        if skipped is not None and f"{skipped.__module__}.{skipped.__qualname__}" != _DRF_DISPATCH:
+            mixin = next(klass.__name__ for klass in mro if klass.__module__ == __name__)
+            msg = (
+                f"{cls.__qualname__}: {skipped.__qualname__}.dispatch() would not run, as it "
+                f"comes after {mixin} in the bases, whose dispatch() takes DRF's steps itself. "
+                f"Override dispatch() in {cls.__qualname__}, or in a mixin before {mixin}."
+            )
+            raise ImproperlyConfigured(msg)
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        self.args = args
+        self.kwargs = kwargs
+        drf_request = self.initialize_request(request, *args, **kwargs)
+        self.request = drf_request
+        self.headers = self.default_response_headers
+        response: HttpResponseBase
+        try:
+            self.initial(drf_request, *args, **kwargs)
+            method = (drf_request.method or "").lower()
+            handler = getattr(self, method, None) if method in self.http_method_names else None
+            if handler is None:
+                response = self.http_method_not_allowed(drf_request, *args, **kwargs)
+            else:
+                response = self._respond(drf_request, handler, *args, **kwargs)
+        except Exception as exc:
+            response = self.handle_exception(exc)
+        # finalize_response takes any HttpResponseBase, though typed for Response.
+        self.response = self.finalize_response(drf_request, response, *args, **kwargs)  # type: ignore[arg-type]
+        return self.response
+
+    def _respond(
+        self, request: Request, handler: Callable[..., HttpResponseBase], *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """Answer ``request`` with ``handler``; ``IdempotentMixin`` answers under the key."""
+        return self._call_handler(request, handler, *args, **kwargs)
+
+    def _call_handler(
+        self, request: Request, handler: Callable[..., HttpResponseBase], *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        """Call ``handler``; ``ConditionalMixin`` calls it in a transaction."""
+        return handler(request, *args, **kwargs)
+
+
 def _unbound(view: object, name: str) -> Any:
     """The attribute ``name`` of ``view`` as stored, on it or its class: a plain function stays
     a function, not a bound method."""
@@ -60,7 +124,7 @@ def _unbound(view: object, name: str) -> Any:
     raise AttributeError(name)
 
 
-class IdempotentMixin(_Base):
+class IdempotentMixin(_Dispatch):
     """Make a view's unsafe methods idempotent by the ``Idempotency-Key`` header.
 
     Put it before the DRF view class: ``class PaymentView(IdempotentMixin, CreateAPIView)``.
@@ -130,46 +194,40 @@ class IdempotentMixin(_Base):
             return unavailable_response(rolled_back=False)
         return super().handle_exception(exc)
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+    def initialize_request(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Request:
         if request.method in UNSAFE_METHODS and idempotency_settings.HEADER in request.headers:
-            # Authentication or a permission may read request.data, which can stream the body
-            # away before the fingerprint is taken.
-            buffer_body(request._request)
-        super().initial(request, *args, **kwargs)
-        # Authentication, permissions and throttling have passed. APIView.dispatch looks the
-        # handler up only now, so wrapping it on this (per-request) instance puts the engine
-        # around the handler and nothing else.
-        name = (request.method or "").lower()
-        handler = getattr(self, name, None)
+            # Authentication, a permission or any initial() may read request.data, which can
+            # stream the body away before the fingerprint is taken.
+            buffer_body(request)
+        return super().initialize_request(request, *args, **kwargs)
+
+    def _respond(
+        self, request: Request, handler: Callable[..., HttpResponseBase], *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        respond = super()._respond
         # Safe methods are never idempotent by key: leave them untouched, and cost nothing.
-        if request.method in UNSAFE_METHODS and handler is not None:
-            setattr(self, name, self._idempotent_handler(handler))
+        if request.method not in UNSAFE_METHODS:
+            return respond(request, handler, *args, **kwargs)
 
-    def _idempotent_handler(
-        self, handler: Callable[..., HttpResponseBase]
-    ) -> Callable[..., HttpResponseBase]:
-        def idempotent_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            def run_view() -> HttpResponseBase:
-                # Turn DRF exceptions into their responses here, inside the transaction, so a
-                # deterministic 4xx is stored and replayed like any other answer.
-                try:
-                    response = handler(request, *args, **kwargs)
-                except DATABASE_UNAVAILABLE:
-                    raise  # the engine rolls back, reports it and answers 503
-                except Exception as exc:
-                    response = self.handle_exception(exc)
-                # finalize_response takes any HttpResponseBase, though typed for Response.
-                return self.finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
+        def run_view() -> HttpResponseBase:
+            # Turn DRF exceptions into their responses here, inside the transaction, so a
+            # deterministic 4xx is stored and replayed like any other answer.
+            try:
+                response = respond(request, handler, *args, **kwargs)
+            except DATABASE_UNAVAILABLE:
+                raise  # the engine rolls back, reports it and answers 503
+            except Exception as exc:
+                response = self.handle_exception(exc)
+            # finalize_response takes any HttpResponseBase, though typed for Response.
+            return self.finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
 
-            return self.idempotency_engine.handle(
-                request._request,
-                run_view,
-                policy=self.get_idempotency_policy(),
-                sender=type(self),
-                view_request=request,
-            )
-
-        return idempotent_handler
+        return self.idempotency_engine.handle(
+            request._request,
+            run_view,
+            policy=self.get_idempotency_policy(),
+            sender=type(self),
+            view_request=request,
+        )
 
 
 class JSONParser(parsers.JSONParser):
@@ -193,7 +251,7 @@ class JSONParser(parsers.JSONParser):
             raise ParseError(msg) from None
 
 
-class ConditionalMixin(_GenericBase):  # type: ignore[type-arg] # any model
+class ConditionalMixin(_Dispatch, _GenericBase):  # type: ignore[type-arg] # any model
     """Give a detail view a strong ``ETag``, and make its updates conditional on ``If-Match``.
 
     Put it before the generic view class: ``class PaymentDetail(ConditionalMixin,
@@ -225,25 +283,16 @@ class ConditionalMixin(_GenericBase):  # type: ignore[type-arg] # any model
         # The data, not the rendered bytes: the browsable API and JSON give the same ETag.
         return etag_for_content(json.dumps(data, cls=JSONEncoder).encode())
 
-    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
-        # Wrapped before IdempotentMixin (if any) wraps the handler in turn: the transaction of
-        # a lease-mode key, which commits before the view runs, stays outside this one.
-        name = (request.method or "").lower()
-        handler = getattr(self, name, None)
-        if request.method in CONDITIONAL_METHODS and handler is not None:
-            setattr(self, name, self._in_transaction(handler))
-        super().initial(request, *args, **kwargs)
-
-    def _in_transaction(
-        self, handler: Callable[..., HttpResponseBase]
-    ) -> Callable[..., HttpResponseBase]:
-        def conditional_handler(request: Request, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            # The check and the write commit together (a savepoint inside an outer transaction).
-            using = router.db_for_write(self.get_queryset().model)
-            with transaction.atomic(using=using):
-                return handler(request, *args, **kwargs)
-
-        return conditional_handler
+    def _call_handler(
+        self, request: Request, handler: Callable[..., HttpResponseBase], *args: Any, **kwargs: Any
+    ) -> HttpResponseBase:
+        call = super()._call_handler
+        if request.method not in CONDITIONAL_METHODS:
+            return call(request, handler, *args, **kwargs)
+        # The check and the write commit together (a savepoint inside an outer transaction),
+        # inside the key's transaction, or after a lease-mode key's claim has committed.
+        with transaction.atomic(using=router.db_for_write(self.get_queryset().model)):
+            return call(request, handler, *args, **kwargs)
 
     def filter_queryset(self, queryset: QuerySet[Any]) -> QuerySet[Any]:
         queryset = super().filter_queryset(queryset)

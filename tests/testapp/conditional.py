@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from rest_framework import generics, serializers
+from rest_framework import generics, serializers, viewsets
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import BaseParser
 
 from django_idempotency.conditional import etag_for_content
 from django_idempotency.decorators import conditional, idempotent
@@ -53,6 +56,72 @@ class IdempotentDocument(IdempotentMixin, ConditionalMixin, generics.RetrieveUpd
     serializer_class = DocumentSerializer
     etag_version_field = "version"
     idempotency_methods = ("PATCH", "PUT")
+
+
+class StreamingJSONParser(BaseParser):
+    """Parses JSON as it streams in, as parsers built on other JSON libraries do: the body cannot
+    be read again afterwards."""
+
+    media_type = "application/json"
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        return json.load(stream)
+
+
+class ProjectMixin:
+    """A project's own mixin over DRF's hooks: it refuses a body before DRF's checks run, and
+    stamps every answer."""
+
+    def initial(self, request, *args, **kwargs):
+        if "version" in request.data:
+            raise ValidationError({"version": "This field is read-only."})
+        super().initial(request, *args, **kwargs)
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response["X-Project"] = "seen"
+        return response
+
+
+class CountedUpdates:
+    runs: list[str] = []  # each run of a view's update, for the tests to count
+
+    def update(self, request, *args, **kwargs):
+        self.runs.append(type(self).__name__)
+        return super().update(request, *args, **kwargs)
+
+
+class ComposedDocument(CountedUpdates, generics.RetrieveUpdateAPIView):
+    """A detail view that each composition of the mixins goes in front of."""
+
+    queryset = Document.objects.all()
+    serializer_class = DocumentSerializer
+    parser_classes = [StreamingJSONParser]
+
+
+class ComposedDocumentSet(CountedUpdates, viewsets.ModelViewSet):
+    """The same as a viewset."""
+
+    queryset = Document.objects.all()
+    serializer_class = DocumentSerializer
+    parser_classes = [StreamingJSONParser]
+
+
+def _compositions():
+    mixins = (IdempotentMixin, ConditionalMixin)
+    yield from itertools.permutations(mixins)
+    yield from itertools.permutations((*mixins, ProjectMixin))
+
+
+def composed(bases, mode, view=ComposedDocument):
+    """``class V(*bases, view)``: a keyed, conditional PATCH in ``mode``."""
+    name = "".join(base.__name__.removesuffix("Mixin") for base in bases) + view.__name__
+    options = {"etag_version_field": "version", "idempotency_methods": ("PATCH",)}
+    return type(name + mode.title(), (*bases, view), {**options, "idempotency_mode": mode})
+
+
+# Every order of the two mixins, alone and with a project's own mixin in each position.
+COMPOSITIONS = list(_compositions())
 
 
 def _document(request, pk):
