@@ -1,8 +1,8 @@
 """The payments API. Creating a payment or a refund is safe to retry with an Idempotency-Key.
 
-``IdempotentMixin`` comes first in the bases so that it wraps the handler of the DRF view. It
-runs the handler inside the transaction that holds the key: the payment (or refund) and its
-ledger entry commit together with the stored response, or not at all.
+``IdempotentMixin`` goes before the DRF view class in the bases, in any order with
+``ConditionalMixin``. It runs the handler inside the transaction that holds the key: the payment
+(or refund) and its ledger entry commit together with the stored response, or not at all.
 """
 
 from __future__ import annotations
