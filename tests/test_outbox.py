@@ -640,3 +640,36 @@ def test_each_state_change_of_a_message_is_logged(periodic_only, caplog):
         (one, "redelivered", "dead", "pending", "r-9"),
         (one, "dispatched", "pending", "dispatched", "r-9"),
     ]
+
+
+@override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
+def test_a_message_dead_at_its_claim_is_logged_only_once_the_claim_commits(periodic_only, caplog):
+    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
+    OutboxMessageFactory(payload={}, attempts=2)  # its relays died in both its attempts
+
+    # Run in a transaction of the caller's, which rolls back.
+    with transaction.atomic():
+        assert relay().dead == 1
+        logged_before_the_commit = [r.message for r in caplog.records]
+        transaction.set_rollback(True)
+
+    assert logged_before_the_commit == []
+    assert OutboxMessage.objects.get().status == "pending"
+    assert relay().dead == 1
+    assert [r.idempotency_outcome for r in caplog.records if hasattr(r, "from_state")] == ["dead"]
+
+
+def test_a_redelivery_is_logged_only_once_it_commits(periodic_only, caplog):
+    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
+    OutboxMessageFactory(dead=True)
+
+    # Under ATOMIC_REQUESTS the admin's action runs in the request's transaction, which may
+    # still roll back.
+    with transaction.atomic():
+        assert len(redeliver(OutboxMessage.objects.all())) == 1
+        logged_before_the_commit = [r.message for r in caplog.records]
+        transaction.set_rollback(True)
+
+    assert logged_before_the_commit == []
+    assert [r.message for r in caplog.records] == []
+    assert OutboxMessage.objects.get().status == "dead"

@@ -445,7 +445,7 @@ def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
         rows = change_unclaimed(
             unprocessed, {"status": Status.DEAD, "next_attempt_at": None}, *_ACTION_LOG_FIELDS
         )
-        _log_changes(rows, Status.DEAD)
+        _log_changes(rows, Status.DEAD, using)
     return [row["pk"] for row in rows]
 
 
@@ -460,7 +460,7 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     with write_transaction(InboxEvent, using):
         rows = change_unclaimed(events.using(using), changes, *_ACTION_LOG_FIELDS)
         if reset:
-            _log_changes(rows, Status.RECEIVED)
+            _log_changes(rows, Status.RECEIVED, using)
         pks = [row["pk"] for row in rows]
         if to_workers:
             if pks:
@@ -471,21 +471,24 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     return pks
 
 
-def _log_changes(rows: list[dict[str, Any]], to_state: Status) -> None:
-    """Log the state change of each event that a person's action changed."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    for row in rows:
-        logger.info(
-            "inbox event %s from %s is now %s",
-            row["event_id"],
-            row["source"],
-            to_state,
-            extra={
-                "idempotency_source": row["source"],
-                "idempotency_event_id": row["event_id"],
-                "idempotency_outcome": to_state.value,
-                correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
-                **state_change(row["status"], to_state),
-            },
-        )
+def _log_changes(rows: list[dict[str, Any]], to_state: Status, using: str) -> None:
+    """Log the state change of each event that a person's action changed, once it commits."""
+
+    def after_commit() -> None:
+        for row in rows:
+            logger.info(
+                "inbox event %s from %s is now %s",
+                row["event_id"],
+                row["source"],
+                to_state,
+                extra={
+                    "idempotency_source": row["source"],
+                    "idempotency_event_id": row["event_id"],
+                    "idempotency_outcome": to_state.value,
+                    correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                    **state_change(row["status"], to_state),
+                },
+            )
+
+    if rows and logger.isEnabledFor(logging.INFO):
+        transaction.on_commit(after_commit, using=using)

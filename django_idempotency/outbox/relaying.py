@@ -301,17 +301,11 @@ def _claim(
         for message in spent:
             message.status, message.next_attempt_at = Status.DEAD, None
             message.last_error = stopped_text("relay", message.attempts)
-            logger.error(
-                "outbox message %s is dead after %d attempts: %s",
-                message.message_id,
-                message.attempts,
-                message.last_error,
-                extra=_fields(message, "dead", Status.DEAD),
-            )
         if spent:
             OutboxMessage.objects.using(using).bulk_update(
                 spent, ["status", "next_attempt_at", "last_error"]
             )
+            transaction.on_commit(lambda: _log_dead(spent), using=using)
         batch = [message for message in claimed if not policy.spent(message.attempts)]
         # Counted before it is sent: a message whose relay dies every time still ends dead.
         pending.filter(pk__in=[message.pk for message in batch]).update(
@@ -321,6 +315,17 @@ def _claim(
         message.attempts += 1
         message.next_attempt_at = now + lease
     return batch, len(spent)
+
+
+def _log_dead(messages: list[OutboxMessage]) -> None:
+    for message in messages:
+        logger.error(
+            "outbox message %s is dead after %d attempts: %s",
+            message.message_id,
+            message.attempts,
+            message.last_error,
+            extra=_fields(message, "dead", Status.DEAD),
+        )
 
 
 def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
@@ -412,18 +417,22 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     }
     with write_transaction(OutboxMessage, using):
         rows = change_unclaimed(messages.using(using), fresh, "message_id", "headers")
-        if logger.isEnabledFor(logging.INFO):
-            for row in rows:
-                logger.info(
-                    "outbox message %s will be delivered again",
-                    row["message_id"],
-                    extra={
-                        "idempotency_message_id": str(row["message_id"]),
-                        "idempotency_outcome": "redelivered",
-                        correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
-                        **state_change(row["status"], Status.PENDING),
-                    },
-                )
+        if rows and logger.isEnabledFor(logging.INFO):
+            transaction.on_commit(lambda: _log_redelivered(rows), using=using)
         if rows:
             _trigger_after_commit(using)
     return [row["pk"] for row in rows]
+
+
+def _log_redelivered(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        logger.info(
+            "outbox message %s will be delivered again",
+            row["message_id"],
+            extra={
+                "idempotency_message_id": str(row["message_id"]),
+                "idempotency_outcome": "redelivered",
+                correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                **state_change(row["status"], Status.PENDING),
+            },
+        )
