@@ -145,6 +145,20 @@ def test_a_message_is_not_retried_before_its_time(periodic_only, recorded):
     assert (again.dispatched, len(recorded)) == (1, 1), seen
 
 
+def test_a_message_delivered_after_a_failure_keeps_the_failure_s_error(periodic_only, recorded):
+    failed = publish("tests.failing", {"fail_times": 1})
+    clean = publish("tests.recorded", {})
+    relay()
+
+    assert relay(now=later(10**6)).dispatched == 1
+
+    failed.refresh_from_db()
+    clean.refresh_from_db()
+    assert (failed.status, failed.attempts) == ("dispatched", 2)
+    assert failed.last_error == "ConnectionError: the consumer is down (attempt 1)"
+    assert (clean.status, clean.last_error) == ("dispatched", "")
+
+
 def test_a_topic_without_a_dispatcher_is_retried_not_lost(periodic_only):
     publish("tests.nobody", {})
 
@@ -562,6 +576,50 @@ def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded
     assert recorded == []
 
 
+def test_a_message_whose_last_attempt_failed_keeps_its_error_when_its_attempts_run_out(
+    periodic_only,
+):
+    # Its attempt failed for a reason of its own; then an operator lowered the limit under the
+    # attempts it has had.
+    message = publish("tests.failing", {"fail_times": "always"})
+    relay()
+
+    with override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 1}):
+        result = relay(now=later(10**6))
+
+    message.refresh_from_db()
+    assert (result.dead, message.status, message.attempts) == (1, "dead", 1)
+    assert message.last_error == "ConnectionError: the consumer is down (attempt 1)"
+
+
+class _RelayDies(BaseException):
+    """Leaves the relay as a kill would: nothing after the dispatch runs."""
+
+
+@override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
+def test_a_message_whose_relay_died_during_its_last_attempt_says_so_over_an_earlier_error(
+    periodic_only,
+):
+    def fails_then_dies(message):
+        if message.attempts == 1:
+            raise ConnectionError("the consumer is down")
+        raise _RelayDies
+
+    register_dispatcher("tests.dies", fails_then_dies)
+    try:
+        message = publish("tests.dies", {})
+        relay()
+        with pytest.raises(_RelayDies):
+            relay(now=later(10**6))
+        result = relay(now=later(10**7))
+    finally:
+        unregister("tests.dies")
+
+    message.refresh_from_db()
+    assert (result.dead, message.status, message.attempts) == (1, "dead", 2)
+    assert message.last_error == "The relay stopped during attempt 2."
+
+
 def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_only, monkeypatch):
     class Clock:
         now = 0.0
@@ -586,6 +644,34 @@ def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_on
     left = OutboxMessage.objects.get(status="pending")
     assert left.attempts == 0
     assert left.next_attempt_at <= timezone.now()
+
+
+def test_a_message_given_back_keeps_the_error_of_its_attempt_before(periodic_only, monkeypatch):
+    class Clock:
+        now = 0.0
+
+        @classmethod
+        def monotonic(cls):
+            return cls.now
+
+    def fails_slowly(message):
+        if message.attempts == 2:
+            Clock.now += 6  # the relay's time runs out while the consumer does not answer
+        msg = f"the consumer is down (attempt {message.attempts})"
+        raise ConnectionError(msg)
+
+    monkeypatch.setattr(outbox_relay, "time", Clock)
+    register_dispatcher("tests.slow", fails_slowly)
+    try:
+        message = publish("tests.slow", {})
+        relay()
+        result = relay(now=later(10**6), max_seconds=5)
+    finally:
+        unregister("tests.slow")
+
+    message.refresh_from_db()
+    assert (result.complete, message.status, message.attempts) == (False, "pending", 1)
+    assert message.last_error == "ConnectionError: the consumer is down (attempt 1)"
 
 
 def test_a_database_error_while_relaying_inline_does_not_reach_the_publisher(monkeypatch, caplog):

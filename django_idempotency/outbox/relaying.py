@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import db
 from django.db import connections, router, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Case, Exists, F, OuterRef, Value, When
 from django.utils import timezone
 
 from django_idempotency import guard
@@ -208,7 +208,12 @@ def relay(
         counts[Status.DISPATCHED] += (
             OutboxMessage.objects.using(using)
             .filter(pk__in=[message.pk for message in delivered], status=Status.PENDING)
-            .update(status=Status.DISPATCHED, next_attempt_at=None, dispatched_at=now())
+            .update(
+                status=Status.DISPATCHED,
+                next_attempt_at=None,
+                dispatched_at=now(),
+                **_previous_errors(delivered),
+            )
         )
         if logger.isEnabledFor(logging.INFO):
             for message in delivered:
@@ -296,11 +301,12 @@ def _claim(
     policy = RetrySchedule.from_settings("OUTBOX")
     with write_transaction(OutboxMessage, using):
         claimed = list(taken[:limit])
-        # Every attempt was claimed and none recorded an outcome: its relay died each time.
         spent = [message for message in claimed if policy.spent(message.attempts)]
         for message in spent:
             message.status, message.next_attempt_at = Status.DEAD, None
-            message.last_error = stopped_text("relay", message.attempts)
+            # No error since the claim: its last attempt recorded no outcome, its relay died.
+            if not message.last_error:
+                message.last_error = stopped_text("relay", message.attempts)
         if spent:
             OutboxMessage.objects.using(using).bulk_update(
                 spent, ["status", "next_attempt_at", "last_error"]
@@ -308,8 +314,10 @@ def _claim(
             transaction.on_commit(lambda: _log_dead(spent), using=using)
         batch = [message for message in claimed if not policy.spent(message.attempts)]
         # Counted before it is sent: a message whose relay dies every time still ends dead.
+        # A pending message mid-attempt looks like one waiting for its retry: its cleared error
+        # is what tells them apart. The messages keep theirs in memory, for the dispatchers.
         pending.filter(pk__in=[message.pk for message in batch]).update(
-            attempts=F("attempts") + 1, next_attempt_at=now + lease
+            attempts=F("attempts") + 1, next_attempt_at=now + lease, last_error=""
         )
     for message in batch:
         message.attempts += 1
@@ -328,12 +336,19 @@ def _log_dead(messages: list[OutboxMessage]) -> None:
         )
 
 
+def _previous_errors(messages: list[OutboxMessage]) -> dict[str, Case]:
+    """The change that gives the messages back the errors that their claim cleared, if any."""
+    errors = [When(pk=m.pk, then=Value(m.last_error)) for m in messages if m.last_error]
+    return {"last_error": Case(*errors, default=Value(""))} if errors else {}
+
+
 def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
-    """Give back messages claimed but not sent: due now, their attempt not counted."""
+    """Give back messages claimed but not sent: due now, their attempt not counted, with the
+    error of the attempt before it."""
     for message in messages:
         OutboxMessage.objects.using(using).filter(
             pk=message.pk, status=Status.PENDING, attempts=message.attempts
-        ).update(attempts=F("attempts") - 1, next_attempt_at=now)
+        ).update(attempts=F("attempts") - 1, next_attempt_at=now, last_error=message.last_error)
 
 
 def _dispatch(message: OutboxMessage) -> Exception | None:
