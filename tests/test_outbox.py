@@ -576,50 +576,6 @@ def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded
     assert recorded == []
 
 
-def test_a_message_whose_last_attempt_failed_keeps_its_error_when_its_attempts_run_out(
-    periodic_only,
-):
-    # Its attempt failed for a reason of its own; then an operator lowered the limit under the
-    # attempts it has had.
-    message = publish("tests.failing", {"fail_times": "always"})
-    relay()
-
-    with override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 1}):
-        result = relay(now=later(10**6))
-
-    message.refresh_from_db()
-    assert (result.dead, message.status, message.attempts) == (1, "dead", 1)
-    assert message.last_error == "ConnectionError: the consumer is down (attempt 1)"
-
-
-class _RelayDies(BaseException):
-    """Leaves the relay as a kill would: nothing after the dispatch runs."""
-
-
-@override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
-def test_a_message_whose_relay_died_during_its_last_attempt_says_so_over_an_earlier_error(
-    periodic_only,
-):
-    def fails_then_dies(message):
-        if message.attempts == 1:
-            raise ConnectionError("the consumer is down")
-        raise _RelayDies
-
-    register_dispatcher("tests.dies", fails_then_dies)
-    try:
-        message = publish("tests.dies", {})
-        relay()
-        with pytest.raises(_RelayDies):
-            relay(now=later(10**6))
-        result = relay(now=later(10**7))
-    finally:
-        unregister("tests.dies")
-
-    message.refresh_from_db()
-    assert (result.dead, message.status, message.attempts) == (1, "dead", 2)
-    assert message.last_error == "The relay stopped during attempt 2."
-
-
 def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_only, monkeypatch):
     class Clock:
         now = 0.0

@@ -6,8 +6,9 @@ message was never published. The relay claims due messages in batches with
 transaction; then it dispatches each message and marks the delivered ones. A relay that dies
 before marking leaves its batch to be sent again when the lease ends, with the same message
 ids. That is at-least-once delivery, which the consumer's dedupe on the message id (the
-inbox's, for example) turns into once. The retry policy, the reading of due rows and the
-locking of a redelivery come from the retry queue (``queue``), which the inbox shares.
+inbox's, for example) turns into once. The claim, the count of attempts, dead letters, what a
+failure leaves and the locking of a redelivery come from the retry queue (``queue``), which the
+inbox shares; the outbox keeps its dispatchers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import db
 from django.db import connections, router, transaction
-from django.db.models import Case, Exists, F, OuterRef, Value, When
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_idempotency import guard
@@ -36,13 +37,15 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.operations import correlation
 from django_idempotency.outbox.dispatchers import get_dispatcher
-from django_idempotency.queue.schedule import (
-    RetrySchedule,
-    change_unclaimed,
-    due,
-    error_text,
-    stopped_text,
+from django_idempotency.queue.attempts import (
+    JobTable,
+    claim,
+    errors_back,
+    fail,
+    give_back,
+    record,
 )
+from django_idempotency.queue.schedule import change_unclaimed, due, error_text
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +56,16 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
+#: The outbox's messages as the retry queue's jobs. A message waiting for its retry is pending,
+#: as one whose attempt runs is.
+JOBS = JobTable(
+    OutboxMessage,
+    "OUTBOX",
+    runner="relay",
+    attempting=Status.PENDING,
+    failed=Status.PENDING,
+    dead=Status.DEAD,
+)
 #: How long an inline relay, run by the process that published, may take, and its batch size:
 #: the dispatchers are told the time left (``guard.remaining()``), and a message not sent in
 #: time is given back to the periodic relay.
@@ -185,7 +198,7 @@ def relay(
         delivered = []
         for index, message in enumerate(batch):
             if deadline is not None and time.monotonic() >= deadline:
-                _release(batch[index:], using, now())
+                give_back(JOBS, batch[index:], using, now())
                 complete = False
                 break
             # What the dispatcher logs (the retry client's lines) carries the message's id.
@@ -198,7 +211,7 @@ def relay(
                     # Cut short by the relay's time, not refused: the next relay sends it, with
                     # the time its dispatcher needs.
                     _out_of_time(message, failure)
-                    _release(batch[index:], using, now())
+                    give_back(JOBS, batch[index:], using, now())
                     complete = False
                     break
                 else:
@@ -212,16 +225,12 @@ def relay(
                 status=Status.DISPATCHED,
                 next_attempt_at=None,
                 dispatched_at=now(),
-                **_previous_errors(delivered),
+                **errors_back(JOBS, delivered),
             )
         )
-        if logger.isEnabledFor(logging.INFO):
-            for message in delivered:
-                logger.info(
-                    "dispatched outbox message %s",
-                    message.message_id,
-                    extra=_fields(message, "dispatched", Status.DISPATCHED),
-                )
+        for message in delivered:
+            message.status = Status.DISPATCHED
+            _report(message, using)
         if not complete:
             break
     result = RelayResult(
@@ -295,60 +304,17 @@ def _claim(
     older = pending.filter(ordering_key=OuterRef("ordering_key"), pk__lt=OuterRef("pk")).exclude(
         ordering_key=""
     )
-    # A batch, where the inbox claims one event: it is sent with no transaction open, so its
-    # lease, not a row lock, keeps it this relay's.
-    taken = due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk")
-    policy = RetrySchedule.from_settings("OUTBOX")
-    with write_transaction(OutboxMessage, using):
-        claimed = list(taken[:limit])
-        spent = [message for message in claimed if policy.spent(message.attempts)]
-        for message in spent:
-            message.status, message.next_attempt_at = Status.DEAD, None
-            # No error since the claim: its last attempt recorded no outcome, its relay died.
-            if not message.last_error:
-                message.last_error = stopped_text("relay", message.attempts)
-        if spent:
-            OutboxMessage.objects.using(using).bulk_update(
-                spent, ["status", "next_attempt_at", "last_error"]
-            )
-            transaction.on_commit(lambda: _log_dead(spent), using=using)
-        batch = [message for message in claimed if not policy.spent(message.attempts)]
-        # Counted before it is sent: a message whose relay dies every time still ends dead.
-        # A pending message mid-attempt looks like one waiting for its retry: its cleared error
-        # is what tells them apart. The messages keep theirs in memory, for the dispatchers.
-        pending.filter(pk__in=[message.pk for message in batch]).update(
-            attempts=F("attempts") + 1, next_attempt_at=now + lease, last_error=""
-        )
-    for message in batch:
-        message.attempts += 1
-        message.next_attempt_at = now + lease
-    return batch, len(spent)
-
-
-def _log_dead(messages: list[OutboxMessage]) -> None:
-    for message in messages:
-        logger.error(
-            "outbox message %s is dead after %d attempts: %s",
-            message.message_id,
-            message.attempts,
-            message.last_error,
-            extra=_fields(message, "dead", Status.DEAD),
-        )
-
-
-def _previous_errors(messages: list[OutboxMessage]) -> dict[str, Case]:
-    """The change that gives the messages back the errors that their claim cleared, if any."""
-    errors = [When(pk=m.pk, then=Value(m.last_error)) for m in messages if m.last_error]
-    return {"last_error": Case(*errors, default=Value(""))} if errors else {}
-
-
-def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
-    """Give back messages claimed but not sent: due now, their attempt not counted, with the
-    error of the attempt before it."""
-    for message in messages:
-        OutboxMessage.objects.using(using).filter(
-            pk=message.pk, status=Status.PENDING, attempts=message.attempts
-        ).update(attempts=F("attempts") - 1, next_attempt_at=now, last_error=message.last_error)
+    claimed = claim(
+        JOBS,
+        due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk"),
+        using=using,
+        # A batch, where the inbox claims one event: it is sent with no transaction open, so
+        # its lease, not a row lock, keeps it this relay's.
+        until=lambda message: now + lease,
+        limit=limit,
+        on_dead=lambda message, from_state: _report(message, using),
+    )
+    return claimed.started, len(claimed.dead)
 
 
 def _dispatch(message: OutboxMessage) -> Exception | None:
@@ -372,37 +338,54 @@ def _record_failure(
     random: Callable[[], float],
 ) -> Status:
     """Schedule the message's retry, or mark it dead; return its new status."""
-    error = error_text(failure)
-    policy = RetrySchedule.from_settings("OUTBOX")
-    if policy.gives_up(message.attempts, failure):
-        status, next_attempt_at = Status.DEAD, None
-    else:
-        delay = policy.retry_delay(message.attempts, random)
-        status, next_attempt_at = Status.PENDING, now + timedelta(seconds=delay)
-        report_retry("outbox", delay, message.attempts, topic=message.topic)
-    # Only if no other relay took the message over since this attempt claimed it.
-    OutboxMessage.objects.using(using).filter(
-        pk=message.pk, status=Status.PENDING, attempts=message.attempts
-    ).update(status=status, next_attempt_at=next_attempt_at, last_error=error)
-    message.status, message.next_attempt_at, message.last_error = status, next_attempt_at, error
-    if status is Status.DEAD:
-        logger.error(
-            "outbox message %s is dead after %d attempts%s: %s",
-            message.message_id,
-            message.attempts,
-            " (a permanent failure)" if isinstance(failure, PermanentError) else "",
-            error,
-            extra=_fields(message, "dead", Status.DEAD),
-        )
-    else:
-        logger.warning(
-            "outbox message %s failed attempt %d; retry at %s",
-            message.message_id,
-            message.attempts,
-            next_attempt_at,
-            extra=_fields(message, "failed", Status.PENDING),
-        )
-    return status
+    # The retry counts from the failure, where the inbox's counts from its claim: until now the
+    # message's next_attempt_at was its lease's end.
+    fail(JOBS, message, failure, retry_from=now, random=random)
+    record(JOBS, message, using, "status", "next_attempt_at", "last_error")
+    _report(message, using, failure, now)
+    return Status(message.status)
+
+
+def _report(
+    message: OutboxMessage,
+    using: str,
+    failure: Exception | None = None,
+    now: datetime | None = None,
+) -> None:
+    """Log the message's new status, and report its retry, once it commits."""
+    status, retry_at, error = message.status, message.next_attempt_at, message.last_error
+    if status == Status.DISPATCHED and not logger.isEnabledFor(logging.INFO):
+        return
+
+    def after_commit() -> None:
+        if status == Status.DISPATCHED:
+            logger.info(
+                "dispatched outbox message %s",
+                message.message_id,
+                extra=_fields(message, "dispatched", Status.DISPATCHED),
+            )
+        elif status == Status.DEAD:
+            logger.error(
+                "outbox message %s is dead after %d attempts%s: %s",
+                message.message_id,
+                message.attempts,
+                " (a permanent failure)" if isinstance(failure, PermanentError) else "",
+                error,
+                extra=_fields(message, "dead", Status.DEAD),
+            )
+        else:
+            if retry_at is not None and now is not None:
+                delay = (retry_at - now).total_seconds()
+                report_retry("outbox", delay, message.attempts, topic=message.topic)
+            logger.warning(
+                "outbox message %s failed attempt %d; retry at %s",
+                message.message_id,
+                message.attempts,
+                retry_at,
+                extra=_fields(message, "failed", Status.PENDING),
+            )
+
+    transaction.on_commit(after_commit, using=using)
 
 
 def _fields(message: OutboxMessage, outcome: str, to_state: Status) -> dict[str, Any]:
