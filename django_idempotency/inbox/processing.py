@@ -65,16 +65,8 @@ DISPATCH_GRACE = timedelta(minutes=1)
 CHANNEL = "django_idempotency_inbox"
 
 
-#: The inbox's events as the retry queue's jobs.
-JOBS = JobTable(
-    InboxEvent,
-    "INBOX",
-    runner="worker",
-    attempting=Status.PROCESSING,
-    failed=Status.FAILED,
-    dead=Status.DEAD,
-    keeps_traceback=True,
-)
+#: The inbox's events as the retry queue's jobs: processing during an attempt, failed after one.
+JOBS = JobTable(InboxEvent, "INBOX", "worker", Status.PROCESSING, Status.FAILED, Status.DEAD)
 # What an attempt's outcome changes.
 _OUTCOME_FIELDS = ["status", "next_attempt_at", "processed_at", "last_error", "last_traceback"]
 

@@ -46,6 +46,7 @@ from django_idempotency.queue.attempts import (
     record,
 )
 from django_idempotency.queue.schedule import change_unclaimed, due, error_text
+from django_idempotency.queue.worker import Worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -56,16 +57,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
-#: The outbox's messages as the retry queue's jobs. A message waiting for its retry is pending,
-#: as one whose attempt runs is.
-JOBS = JobTable(
-    OutboxMessage,
-    "OUTBOX",
-    runner="relay",
-    attempting=Status.PENDING,
-    failed=Status.PENDING,
-    dead=Status.DEAD,
-)
+#: The outbox's messages as the retry queue's jobs: pending during an attempt, and after one
+#: that failed.
+JOBS = JobTable(OutboxMessage, "OUTBOX", "relay", Status.PENDING, Status.PENDING, Status.DEAD)
 #: How long an inline relay, run by the process that published, may take, and its batch size:
 #: the dispatchers are told the time left (``guard.remaining()``), and a message not sent in
 #: time is given back to the periodic relay.
@@ -159,7 +153,7 @@ class RelayResult:
     dead: int
     batches: int
     seconds: float
-    complete: bool  # False when the run stopped at its time limit
+    complete: bool  # False when the run stopped at its time limit, or was asked to stop
 
 
 def relay(
@@ -167,6 +161,7 @@ def relay(
     batch_size: int = 50,
     max_seconds: float | None = None,
     lease: timedelta = DEFAULT_LEASE,
+    stop: Callable[[], bool] = lambda: False,
     now: Callable[[], datetime] = timezone.now,
     random: Callable[[], float] = random.random,
 ) -> RelayResult:
@@ -175,17 +170,22 @@ def relay(
     Each batch is claimed for ``lease``: if the relay dies before it marks them, its messages
     are due again when the lease ends. ``max_seconds`` bounds the run (the next one carries
     on): dispatchers read what is left of it with ``guard.remaining()``, and a message whose
-    dispatch fails once the time is up is given back, its attempt not counted. Safe in several
-    processes at once. ``now`` and ``random`` are for tests.
+    dispatch fails once the time is up is given back, its attempt not counted. ``stop`` is
+    asked before each message: once it is true, the rest of the batch is given back the same
+    way. Safe in several processes at once. ``now`` and ``random`` are for tests.
     """
     using = router.db_for_write(OutboxMessage)
     started = time.monotonic()
     deadline = _deadline(started, max_seconds)
+
+    def must_stop() -> bool:
+        return (deadline is not None and time.monotonic() >= deadline) or stop()
+
     counts = {Status.DISPATCHED: 0, Status.PENDING: 0, Status.DEAD: 0}
     batches = 0
     complete = True
     while True:
-        if deadline is not None and time.monotonic() >= deadline:
+        if must_stop():
             complete = False
             break
         batch, spent = _claim(using, now(), batch_size, lease)
@@ -197,7 +197,7 @@ def relay(
         # and a consumer that writes to this database (the inbox of the same project) can.
         delivered = []
         for index, message in enumerate(batch):
-            if deadline is not None and time.monotonic() >= deadline:
+            if must_stop():
                 give_back(JOBS, batch[index:], using, now())
                 complete = False
                 break
@@ -254,6 +254,17 @@ def relay(
             },
         )
     return result
+
+
+def relay_worker(*, batch_size: int = 50, lease: timedelta = DEFAULT_LEASE) -> Worker[RelayResult]:
+    """The long-running relay, for the retry queue's worker loop: each step relays until no
+    message is due, or it is told to stop."""
+    return Worker(
+        "the outbox relay",
+        logger,
+        lambda stop: relay(batch_size=batch_size, lease=lease, stop=stop),
+        jobs="messages",
+    )
 
 
 def _deadline(started: float, max_seconds: float | None) -> float | None:

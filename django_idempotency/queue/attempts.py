@@ -34,8 +34,8 @@ _M = TypeVar("_M", bound="Model")
 class JobTable(Generic[_M]):
     """What the queue's steps need to know of a table whose rows are jobs.
 
-    Its rows have ``status``, ``attempts``, ``next_attempt_at`` and ``last_error``, and
-    ``last_traceback`` if ``keeps_traceback``.
+    Its rows have ``status``, ``attempts``, ``next_attempt_at`` and ``last_error``, and may
+    have ``last_traceback``.
     """
 
     model: type[_M]
@@ -44,7 +44,11 @@ class JobTable(Generic[_M]):
     attempting: str  # a job's status while an attempt runs
     failed: str  # a failed job's status: due again at its retry time
     dead: str
-    keeps_traceback: bool = False
+
+    @property
+    def keeps_traceback(self) -> bool:
+        """Whether its rows keep a failure's traceback, in ``last_traceback``."""
+        return any(column.name == "last_traceback" for column in self.model._meta.concrete_fields)
 
     def schedule(self) -> RetrySchedule:
         """The table's retry schedule, read from the settings now."""
