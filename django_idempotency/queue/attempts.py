@@ -95,8 +95,8 @@ def claim(
         if not jobs and waiting is not None:
             jobs = list(waiting.select_for_update()[:limit])
         for job in jobs:
-            spent = schedule.spent(job.attempts)  # type: ignore[attr-defined] # a job's column
-            (claimed.dead if spent else claimed.started).append(job)
+            row: Any = job
+            (claimed.dead if schedule.spent(row.attempts) else claimed.started).append(job)
         if claimed.dead:
             _dead_letter(table, claimed.dead, using, on_dead)
         if claimed.started:
@@ -113,7 +113,8 @@ def _dead_letter(
     for job in jobs:
         row: Any = job
         from_state = row.status
-        # A job that the claim of its last attempt left behind: its runner died in it.
+        # Still as the claim of its last attempt left it (where the status cannot tell, with
+        # no error since): its runner died in that attempt.
         if row.status == table.attempting and not (table.marks_attempts and row.last_error):
             row.last_error = stopped_text(table.runner, row.attempts)
             if table.keeps_traceback:
@@ -135,7 +136,8 @@ def _start(
         if starting is not None:
             starting(job)
         count_attempt(table, job, until)
-        due_again.setdefault(job.next_attempt_at, []).append(job.pk)  # type: ignore[attr-defined] # a job's column
+        row: Any = job
+        due_again.setdefault(row.next_attempt_at, []).append(row.pk)
     # The job keeps the previous attempt's error in memory, as what runs the attempt is told.
     cleared = {"last_error": ""} if table.marks_attempts else {}
     rows = table.model._default_manager.using(using)
