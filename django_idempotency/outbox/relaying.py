@@ -259,6 +259,8 @@ def relay(
 def relay_worker(*, batch_size: int = 50, lease: timedelta = DEFAULT_LEASE) -> Worker[RelayResult]:
     """The long-running relay, for the retry queue's worker loop: each step relays until no
     message is due, or it is told to stop."""
+    # No channel to listen on, where the inbox's workers have one: a commit that publishes
+    # triggers its own relay (inline or Celery), so this one only polls for retries.
     return Worker(
         "the outbox relay",
         logger,
