@@ -3,8 +3,12 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import socket
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -27,6 +31,32 @@ def process_env(**extra: str) -> dict[str, str]:
     """The environment of a process a test starts: this one's, on the same test database."""
     name = {"postgresql": "TEST_PG_NAME", "mysql": "TEST_MARIADB_NAME"}[connection.vendor]
     return {**os.environ, name: connection.settings_dict["NAME"], **extra}
+
+
+def start_command(*args: str) -> subprocess.Popen[str]:
+    """Start ``manage.py <args>`` in a process of its own, on the test database, with its output
+    piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=process_env(DJANGO_SETTINGS_MODULE="tests.settings"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def stop_commands(
+    processes: list[subprocess.Popen[str]], timeout: float = 30
+) -> tuple[list[int], list[tuple[str, str]]]:
+    """Stop the commands with SIGTERM, as a supervisor does; return their exit codes and
+    outputs."""
+    for process in processes:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+    outputs = [process.communicate(timeout=timeout) for process in processes]
+    return [process.returncode for process in processes], outputs
 
 
 def in_memory_sqlite() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from django.db import transaction
 from django.test import override_settings
 
 from django_idempotency.inbox.processing import mark_dead, process, reprocess
@@ -65,3 +66,20 @@ def test_the_claim_is_logged_only_at_debug(caplog):
     caplog.set_level(logging.INFO, logger="django_idempotency.inbox")
     deliver(refund_event("evt_i"))
     assert changes(caplog) == [("evt_i", "processing", "processed", None)]
+
+
+@pytest.mark.parametrize("action", [mark_dead, reprocess])
+def test_a_persons_action_is_logged_only_once_it_commits(caplog, action):
+    # Under ATOMIC_REQUESTS the admin's action runs in the request's transaction, which may
+    # still roll back.
+    caplog.set_level(logging.INFO, logger="django_idempotency.inbox")
+    InboxEventFactory(event_id="evt_f", failed=True)
+
+    with transaction.atomic():
+        assert action(InboxEvent.objects.all()) != []
+        logged_before_the_commit = changes(caplog)
+        transaction.set_rollback(True)
+
+    assert logged_before_the_commit == []
+    assert changes(caplog) == []
+    assert InboxEvent.objects.get().status == "failed"

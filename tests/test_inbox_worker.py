@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
 from datetime import timedelta
 from io import StringIO
-from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -25,15 +20,15 @@ from django_idempotency import tasks
 from django_idempotency.inbox import receive, reprocess
 from django_idempotency.inbox import worker as worker_module
 from django_idempotency.inbox.processing import CHANNEL, process_due
-from django_idempotency.inbox.worker import run_worker
+from django_idempotency.inbox.worker import inbox_worker
 from django_idempotency.models import InboxEvent
-from tests.conftest import BEHIND_PGBOUNCER, process_env
+from django_idempotency.queue.worker import run_worker
+from tests.conftest import BEHIND_PGBOUNCER, start_command, stop_commands
 from tests.inbox import refund_event
 from tests.testapp.models import Refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ROOT = Path(__file__).resolve().parent.parent
 database_runner = override_settings(IDEMPOTENCY={"INBOX_RUNNER": "database"})
 # The databases a worker's connections reach: behind a pooler it listens on a direct alias.
 LISTENING = ["default", "direct"] if BEHIND_PGBOUNCER else ["default"]
@@ -200,9 +195,10 @@ def test_the_worker_processes_events_recorded_while_it_runs_and_stops_when_told(
 
 def _run_and_close(**kwargs):
     # Behind a pooler the worker listens on a direct connection, as the operations guide says.
-    kwargs.setdefault("listen_using", "direct" if BEHIND_PGBOUNCER else None)
+    listen_using = kwargs.pop("listen_using", "direct" if BEHIND_PGBOUNCER else None)
+    worker = inbox_worker(batch_size=kwargs.pop("batch_size", 50), listen_using=listen_using)
     try:
-        run_worker(**kwargs)
+        run_worker(worker, **kwargs)
     finally:
         connection.close()
 
@@ -217,28 +213,7 @@ def test_the_command_without_forever_still_dispatches_once_and_purges():
 
 
 def start_workers(count, *extra):
-    env = process_env(DJANGO_SETTINGS_MODULE="tests.settings")
-    command = [sys.executable, "-m", "django", "idempotency_inbox", "--forever", *extra]
-    return [
-        subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        for _ in range(count)
-    ]
-
-
-def stop_workers(workers, timeout=30):
-    for worker in workers:
-        if worker.poll() is None:
-            os.kill(worker.pid, signal.SIGTERM)
-    outputs = [worker.communicate(timeout=timeout) for worker in workers]
-    return [worker.returncode for worker in workers], outputs
+    return [start_command("idempotency_inbox", "--forever", *extra) for _ in range(count)]
 
 
 @pytest.mark.server_db
@@ -249,7 +224,7 @@ def test_three_workers_at_once_run_each_handler_exactly_once():
         ids = record(300)
         wait_for(lambda: not InboxEvent.objects.exclude(status="processed").exists(), 120)
     finally:
-        codes, outputs = stop_workers(workers)
+        codes, outputs = stop_commands(workers)
 
     assert codes == [0, 0, 0], outputs
     assert set(Counter(Refund.objects.values_list("event_id", flat=True)).values()) == {1}
@@ -270,7 +245,7 @@ def test_a_worker_stopped_mid_event_finishes_it_and_exits_cleanly():
         wait_for(lambda: InboxEvent.objects.filter(status="processing").exists())
         time.sleep(0.3)  # inside the handler
     finally:
-        codes, outputs = stop_workers([worker])
+        codes, outputs = stop_commands([worker])
 
     assert codes == [0], outputs
     event = InboxEvent.objects.get(event_id="evt_slow")

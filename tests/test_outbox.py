@@ -43,7 +43,7 @@ from django_idempotency.outbox import (
 from django_idempotency.outbox import relaying as outbox_relay
 from django_idempotency.outbox.dispatchers import get_dispatcher, unregister
 from django_idempotency.queue.backoff import exponential_bound
-from tests.conftest import process_env
+from tests.conftest import process_env, start_command, stop_commands
 from tests.factories import OutboxMessageFactory
 from tests.test_store import in_threads
 from tests.testapp import outbox as test_outbox
@@ -143,6 +143,20 @@ def test_a_message_is_not_retried_before_its_time(periodic_only, recorded):
     message.refresh_from_db()
     seen = (again, message.status, message.attempts, message.last_error, recorded)
     assert (again.dispatched, len(recorded)) == (1, 1), seen
+
+
+def test_a_message_delivered_after_a_failure_keeps_the_failure_s_error(periodic_only, recorded):
+    failed = publish("tests.failing", {"fail_times": 1})
+    clean = publish("tests.recorded", {})
+    relay()
+
+    assert relay(now=later(10**6)).dispatched == 1
+
+    failed.refresh_from_db()
+    clean.refresh_from_db()
+    assert (failed.status, failed.attempts) == ("dispatched", 2)
+    assert failed.last_error == "ConnectionError: the consumer is down (attempt 1)"
+    assert (clean.status, clean.last_error) == ("dispatched", "")
 
 
 def test_a_topic_without_a_dispatcher_is_retried_not_lost(periodic_only):
@@ -549,6 +563,35 @@ def test_relays_killed_mid_batch_deliver_every_message_and_the_inbox_processes_e
     assert duplicates, "no relay was killed between sending and marking"
 
 
+@pytest.mark.server_db
+def test_a_relay_stopped_mid_batch_sends_the_message_in_hand_and_gives_back_the_rest(
+    periodic_only,
+):
+    first = publish("tests.slow_refund", {"seconds": 2})
+    rest = [publish("tests.slow_refund", {}) for _ in range(3)]
+    relay_process = start_command("idempotency_outbox", "--forever", "--no-purge")
+    try:
+        deadline = time.monotonic() + 30
+        while not OutboxMessage.objects.filter(pk=first.pk, attempts=1).exists():
+            assert time.monotonic() < deadline, "the relay never claimed the batch"
+            time.sleep(0.02)
+        time.sleep(0.5)  # inside the dispatcher
+    finally:
+        ([code], [(out, err)]) = stop_commands([relay_process])
+
+    assert code == 0, (out, err)
+    assert out.splitlines()[-1] == "Stopped."
+    first.refresh_from_db()
+    assert (first.status, Refund.objects.filter(event_id=str(first.message_id)).count()) == (
+        "dispatched",
+        1,
+    )
+    # Not begun: due at once for the next relay, their attempt not counted.
+    assert set(
+        OutboxMessage.objects.filter(pk__in=[m.pk for m in rest]).values_list("status", "attempts")
+    ) == {("pending", 0)}
+
+
 @override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
 def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded):
     # Two relays claimed it and died before recording anything.
@@ -562,7 +605,10 @@ def test_a_message_whose_relay_dies_every_time_ends_dead(periodic_only, recorded
     assert recorded == []
 
 
-def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_only, monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """The relay's clock, which only the test moves on."""
+
     class Clock:
         now = 0.0
 
@@ -570,10 +616,14 @@ def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_on
         def monotonic(cls):
             return cls.now
 
-    def slow(message):
-        Clock.now += 6  # each message takes six seconds to send
-
     monkeypatch.setattr(outbox_relay, "time", Clock)
+    return Clock
+
+
+def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_only, clock):
+    def slow(message):
+        clock.now += 6  # each message takes six seconds to send
+
     register_dispatcher("tests.slow", slow)
     try:
         for n in range(3):
@@ -586,6 +636,26 @@ def test_a_run_out_of_time_mid_batch_gives_back_what_it_did_not_send(periodic_on
     left = OutboxMessage.objects.get(status="pending")
     assert left.attempts == 0
     assert left.next_attempt_at <= timezone.now()
+
+
+def test_a_message_given_back_keeps_the_error_of_its_attempt_before(periodic_only, clock):
+    def fails_slowly(message):
+        if message.attempts == 2:
+            clock.now += 6  # the relay's time runs out while the consumer does not answer
+        msg = f"the consumer is down (attempt {message.attempts})"
+        raise ConnectionError(msg)
+
+    register_dispatcher("tests.slow", fails_slowly)
+    try:
+        message = publish("tests.slow", {})
+        relay()
+        result = relay(now=later(10**6), max_seconds=5)
+    finally:
+        unregister("tests.slow")
+
+    message.refresh_from_db()
+    assert (result.complete, message.status, message.attempts) == (False, "pending", 1)
+    assert message.last_error == "ConnectionError: the consumer is down (attempt 1)"
 
 
 def test_a_database_error_while_relaying_inline_does_not_reach_the_publisher(monkeypatch, caplog):
@@ -640,3 +710,38 @@ def test_each_state_change_of_a_message_is_logged(periodic_only, caplog):
         (one, "redelivered", "dead", "pending", "r-9"),
         (one, "dispatched", "pending", "dispatched", "r-9"),
     ]
+
+
+def _relay_a_message_dead_at_its_claim():
+    return relay().dead
+
+
+def _redeliver_every_message():
+    return len(redeliver(OutboxMessage.objects.all()))
+
+
+@pytest.mark.parametrize(
+    ("make", "change"),
+    [
+        # Its relays died in both its attempts.
+        (lambda: OutboxMessageFactory(payload={}, attempts=2), _relay_a_message_dead_at_its_claim),
+        (lambda: OutboxMessageFactory(dead=True), _redeliver_every_message),
+    ],
+    ids=["dead at its claim", "redelivered"],
+)
+@override_settings(IDEMPOTENCY={"OUTBOX_MAX_ATTEMPTS": 2})
+def test_a_change_of_a_message_is_logged_once_it_commits(periodic_only, caplog, make, change):
+    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
+    status = make().status
+
+    # In a transaction of the caller's, which rolls back: under ATOMIC_REQUESTS the admin's
+    # action runs in the request's.
+    with transaction.atomic():
+        assert change() == 1
+        logged_before_the_commit = len(caplog.records)
+        transaction.set_rollback(True)
+
+    assert (logged_before_the_commit, len(caplog.records)) == (0, 0)
+    assert OutboxMessage.objects.get().status == status
+    assert change() == 1
+    assert len([r for r in caplog.records if hasattr(r, "from_state")]) == 1

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.auth import get_permission_codename
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.core.validators import ProhibitNullCharactersValidator
@@ -107,6 +108,12 @@ class _ReadOnlyAdmin(_ModelAdmin):
     exact_search_field = "id"
     # What the actions' messages call the rows: "Retried 1 of the 3 selected events."
     rows_name: str | _StrPromise = _("rows")
+
+    def has_act_permission(self, request: HttpRequest) -> bool:
+        """Whether the user may run the page's actions: the model's change permission, while the
+        rows stay read-only."""
+        codename = get_permission_codename("change", self.opts)
+        return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     def search_value(self, term: str) -> Any:
         """The value of ``exact_search_field`` that ``term`` names; ``None`` matches nothing."""

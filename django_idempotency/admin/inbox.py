@@ -120,25 +120,21 @@ class InboxEventAdmin(_ReadOnlyAdmin):
     def traceback(self, obj: InboxEvent) -> str:
         return format_html("<pre>{}</pre>", obj.last_traceback) if obj.last_traceback else "—"
 
-    def has_process_permission(self, request: HttpRequest) -> bool:
-        # The model's change permission: the pages stay read-only, the actions are allowed.
-        return bool(request.user.has_perm("django_idempotency.change_inboxevent"))
-
     @admin.action(
         description=_("Reprocess the selected events from a clean slate"),
-        permissions=["process"],
+        permissions=["act"],
     )
     def reprocess(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
         # Events mid-attempt are left to finish.
         self._act(request, queryset, inbox.reprocess, _("Reprocessed"))
 
-    @admin.action(description=_("Retry the selected failed events now"), permissions=["process"])
+    @admin.action(description=_("Retry the selected failed events now"), permissions=["act"])
     def retry_now(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
         self._act(request, queryset, inbox.retry_now, _("Retried"))
 
     @admin.action(
         description=_("Mark the selected events dead: retry them no more"),
-        permissions=["process"],
+        permissions=["act"],
     )
     def mark_dead(self, request: HttpRequest, queryset: QuerySet[InboxEvent]) -> None:
         self._act(request, queryset, inbox.mark_dead, _("Marked dead"))

@@ -371,11 +371,7 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
             return format_html("<pre>{}</pre>", body.decode(errors="replace"))
         return format_html("{} ({} bytes)", content_type or _("no content type"), f"{len(body):,}")
 
-    def has_release_permission(self, request: HttpRequest) -> bool:
-        # The model's change permission: the pages stay read-only, the lease can be released.
-        return bool(request.user.has_perm("django_idempotency.change_idempotencykey"))
-
-    @admin.action(description=_("Release the selected expired leases"), permissions=["release"])
+    @admin.action(description=_("Release the selected expired leases"), permissions=["act"])
     def release_expired_leases(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
     ) -> None:

@@ -66,12 +66,9 @@ class OutboxMessageAdmin(_ReadOnlyAdmin):
     # A message deleted before it was sent is lost; the purge deletes the dispatched ones, so
     # the page deletes nothing.
 
-    def has_redeliver_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.has_perm("django_idempotency.change_outboxmessage"))
-
     @admin.action(
         description=_("Redeliver the selected messages, with the same message ids"),
-        permissions=["redeliver"],
+        permissions=["act"],
     )
     def redeliver(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         self._act(request, queryset, redeliver, _("Redelivered"))

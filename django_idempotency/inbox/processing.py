@@ -6,9 +6,9 @@ should this attempt never finish. The second locks the event again, runs the han
 savepoint and records the outcome, so that the handler's writes and the new status commit
 together. Counting the attempt before the handler runs means that a handler which kills its
 worker every time still ends dead; the row lock, held for the whole attempt, tells a live
-attempt from a dead one with no timeout to tune. The retry policy, the reading of due rows
-and the locking of a person's actions come from the retry queue (``queue``), which the
-outbox shares.
+attempt from a dead one with no timeout to tune. The claim, the count of attempts, dead
+letters, what a failure leaves and the locking of a person's actions come from the retry queue
+(``queue``), which the outbox shares; the inbox keeps its handlers.
 
 Celery, when used, is only the trigger: the schedule lives in ``next_attempt_at``, and the
 periodic :func:`dispatch_due` finds every event whose trigger was lost or whose retry is due.
@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-import traceback
 from datetime import timedelta
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
@@ -36,18 +35,18 @@ from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core import task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
-from django_idempotency.core.text import mended
 from django_idempotency.core.transactions import CommitWatch, write_transaction
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
 from django_idempotency.operations import correlation
-from django_idempotency.queue.schedule import (
-    RetrySchedule,
-    change_unclaimed,
-    due,
-    error_text,
-    stopped_text,
+from django_idempotency.queue.attempts import (
+    JobTable,
+    claim,
+    count_attempt,
+    fail,
+    record,
 )
+from django_idempotency.queue.schedule import change_unclaimed, due
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -64,6 +63,12 @@ Status = InboxEvent.Status
 DISPATCH_GRACE = timedelta(minutes=1)
 #: The PostgreSQL channel on which recording an event wakes the "database" runner's workers.
 CHANNEL = "django_idempotency_inbox"
+
+
+#: The inbox's events as the retry queue's jobs: processing during an attempt, failed after one.
+JOBS = JobTable(InboxEvent, "INBOX", "worker", Status.PROCESSING, Status.FAILED, Status.DEAD)
+# What an attempt's outcome changes.
+_OUTCOME_FIELDS = ["status", "next_attempt_at", "processed_at", "last_error", "last_traceback"]
 
 
 class ProcessResult(StrEnum):
@@ -177,45 +182,41 @@ def _claim(
 
     One event by its id, due or not, where the outbox claims due batches: a trigger names it.
     """
-    policy = RetrySchedule.from_settings("INBOX")
-    with write_transaction(InboxEvent, using):
-        events = InboxEvent.objects.using(using)
-        event = (
-            events.select_for_update(skip_locked=True)
-            .filter(pk=pk, status__in=(Status.RECEIVED, Status.FAILED, Status.PROCESSING))
-            .first()
-        )
-        if event is None and _duplicates_lock(using):
-            # A locked event that no attempt has started is no live attempt to step aside for:
-            # a duplicate delivery holds it for a moment.
-            event = events.select_for_update().filter(pk=pk, status=Status.RECEIVED).first()
-        if event is None:
-            return ProcessResult.SKIPPED
-        if policy.spent(event.attempts):
-            # An unlocked processing event is an attempt whose worker died.
-            if event.status == Status.PROCESSING:
-                event.last_error = stopped_text("worker", event.attempts)
-                event.last_traceback = ""
-            from_state, event.status, event.next_attempt_at = event.status, Status.DEAD, None
-            event.save(update_fields=["status", "next_attempt_at", "last_error", "last_traceback"])
-            report_outcome(event, ProcessResult.DEAD, None, using, from_state=from_state)
-            return ProcessResult.DEAD
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "attempt %d of inbox event %s starts",
-                event.attempts + 1,
-                event.event_id,
-                extra={
-                    **log_fields(event, "processing"),
-                    **state_change(event.status, Status.PROCESSING),
-                },
-            )
-        event.status = Status.PROCESSING
-        event.attempts += 1
+    events = InboxEvent.objects.using(using)
+    claimed = claim(
+        JOBS,
+        events.filter(pk=pk, status__in=(Status.RECEIVED, Status.FAILED, Status.PROCESSING)),
+        using=using,
         # Due again at its retry time should this attempt never finish; a failure keeps it.
-        event.next_attempt_at = now + timedelta(seconds=policy.retry_delay(event.attempts, random))
-        event.save(update_fields=["status", "attempts", "next_attempt_at"])
-    return event
+        until=lambda event: now + timedelta(seconds=_retry_delay(event, random)),
+        # A locked event that no attempt has started is no live attempt to step aside for: a
+        # duplicate delivery holds it for a moment.
+        waiting=events.filter(pk=pk, status=Status.RECEIVED) if _duplicates_lock(using) else None,
+        starting=_log_start,
+        on_dead=lambda event, from_state: report_outcome(
+            event, ProcessResult.DEAD, None, using, from_state=from_state
+        ),
+    )
+    if claimed.dead:
+        return ProcessResult.DEAD
+    return claimed.started[0] if claimed.started else ProcessResult.SKIPPED
+
+
+def _retry_delay(event: InboxEvent, random: Callable[[], float]) -> float:
+    return JOBS.schedule().retry_delay(event.attempts, random)
+
+
+def _log_start(event: InboxEvent) -> None:
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(
+            "attempt %d of inbox event %s starts",
+            event.attempts + 1,
+            event.event_id,
+            extra={
+                **log_fields(event, "processing"),
+                **state_change(event.status, Status.PROCESSING),
+            },
+        )
 
 
 def process_recorded(
@@ -227,10 +228,7 @@ def process_recorded(
     commits: the attempt is counted and the handler run at once, and the outcome commits
     with the record, or neither does. A failure is retried on the inbox's schedule.
     """
-    policy = RetrySchedule.from_settings("INBOX")
-    event.status = Status.PROCESSING
-    event.attempts += 1
-    event.next_attempt_at = now + timedelta(seconds=policy.retry_delay(event.attempts, random))
+    count_attempt(JOBS, event, lambda event: now + timedelta(seconds=_retry_delay(event, random)))
     event.save(update_fields=["status", "attempts", "next_attempt_at"])
     with correlation.bind(correlation.from_headers(event.headers)):
         return _run_handler(event, using)
@@ -266,16 +264,7 @@ def _failed_at_commit(event: InboxEvent, error: Exception, using: str) -> Proces
     a failure of the handler like any other, in a transaction of its own."""
     outcome = fail_attempt(event, error)
     with write_transaction(InboxEvent, using):
-        # Unless another worker took the event over since this attempt claimed it.
-        InboxEvent.objects.using(using).filter(
-            pk=event.pk, status=Status.PROCESSING, attempts=event.attempts
-        ).update(
-            status=event.status,
-            next_attempt_at=event.next_attempt_at,
-            processed_at=None,
-            last_error=event.last_error,
-            last_traceback=event.last_traceback,
-        )
+        record(JOBS, event, using, *_OUTCOME_FIELDS)
         report_outcome(event, outcome, error, using)
     return outcome
 
@@ -302,9 +291,7 @@ def _run_handler(event: InboxEvent, using: str) -> ProcessResult:
         outcome = ProcessResult.PROCESSED
         event.status, event.next_attempt_at = Status.PROCESSED, None
         event.processed_at = timezone.now()
-    event.save(
-        update_fields=["status", "next_attempt_at", "processed_at", "last_error", "last_traceback"]
-    )
+    event.save(update_fields=_OUTCOME_FIELDS)
     report_outcome(event, outcome, error, using, time.monotonic() - started)
     return outcome
 
@@ -326,15 +313,9 @@ def fail_attempt(event: InboxEvent, error: Exception) -> ProcessResult:
     Failed, due again at the retry time its claim set; or dead, once its attempts ran out or
     the handler raised a ``PermanentError``.
     """
-    dead = RetrySchedule.from_settings("INBOX").gives_up(event.attempts, error)
-    outcome = ProcessResult.DEAD if dead else ProcessResult.FAILED
-    event.status = Status(outcome.value)
-    if dead:
-        event.next_attempt_at = None
+    dead = fail(JOBS, event, error)
     event.processed_at = None
-    event.last_error = error_text(error)
-    event.last_traceback = mended("".join(traceback.format_exception(error)))
-    return outcome
+    return ProcessResult.DEAD if dead else ProcessResult.FAILED
 
 
 def _duplicates_lock(using: str) -> bool:
@@ -445,7 +426,7 @@ def mark_dead(events: QuerySet[InboxEvent]) -> list[int]:
         rows = change_unclaimed(
             unprocessed, {"status": Status.DEAD, "next_attempt_at": None}, *_ACTION_LOG_FIELDS
         )
-        _log_changes(rows, Status.DEAD)
+        _log_changes(rows, Status.DEAD, using)
     return [row["pk"] for row in rows]
 
 
@@ -460,7 +441,7 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     with write_transaction(InboxEvent, using):
         rows = change_unclaimed(events.using(using), changes, *_ACTION_LOG_FIELDS)
         if reset:
-            _log_changes(rows, Status.RECEIVED)
+            _log_changes(rows, Status.RECEIVED, using)
         pks = [row["pk"] for row in rows]
         if to_workers:
             if pks:
@@ -471,21 +452,24 @@ def _redispatch(events: QuerySet[InboxEvent], *, reset: bool) -> list[int]:
     return pks
 
 
-def _log_changes(rows: list[dict[str, Any]], to_state: Status) -> None:
-    """Log the state change of each event that a person's action changed."""
-    if not logger.isEnabledFor(logging.INFO):
-        return
-    for row in rows:
-        logger.info(
-            "inbox event %s from %s is now %s",
-            row["event_id"],
-            row["source"],
-            to_state,
-            extra={
-                "idempotency_source": row["source"],
-                "idempotency_event_id": row["event_id"],
-                "idempotency_outcome": to_state.value,
-                correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
-                **state_change(row["status"], to_state),
-            },
-        )
+def _log_changes(rows: list[dict[str, Any]], to_state: Status, using: str) -> None:
+    """Log the state change of each event that a person's action changed, once it commits."""
+
+    def after_commit() -> None:
+        for row in rows:
+            logger.info(
+                "inbox event %s from %s is now %s",
+                row["event_id"],
+                row["source"],
+                to_state,
+                extra={
+                    "idempotency_source": row["source"],
+                    "idempotency_event_id": row["event_id"],
+                    "idempotency_outcome": to_state.value,
+                    correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                    **state_change(row["status"], to_state),
+                },
+            )
+
+    if rows and logger.isEnabledFor(logging.INFO):
+        transaction.on_commit(after_commit, using=using)

@@ -6,8 +6,9 @@ message was never published. The relay claims due messages in batches with
 transaction; then it dispatches each message and marks the delivered ones. A relay that dies
 before marking leaves its batch to be sent again when the lease ends, with the same message
 ids. That is at-least-once delivery, which the consumer's dedupe on the message id (the
-inbox's, for example) turns into once. The retry policy, the reading of due rows and the
-locking of a redelivery come from the retry queue (``queue``), which the inbox shares.
+inbox's, for example) turns into once. The claim, the count of attempts, dead letters, what a
+failure leaves and the locking of a redelivery come from the retry queue (``queue``), which the
+inbox shares; the outbox keeps its dispatchers.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import db
 from django.db import connections, router, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_idempotency import guard
@@ -36,13 +37,16 @@ from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
 from django_idempotency.operations import correlation
 from django_idempotency.outbox.dispatchers import get_dispatcher
-from django_idempotency.queue.schedule import (
-    RetrySchedule,
-    change_unclaimed,
-    due,
-    error_text,
-    stopped_text,
+from django_idempotency.queue.attempts import (
+    JobTable,
+    claim,
+    errors_back,
+    fail,
+    give_back,
+    record,
 )
+from django_idempotency.queue.schedule import change_unclaimed, due, error_text
+from django_idempotency.queue.worker import Worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +57,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_idempotency.outbox")
 
 Status = OutboxMessage.Status
+#: The outbox's messages as the retry queue's jobs: pending during an attempt, and after one
+#: that failed.
+JOBS = JobTable(OutboxMessage, "OUTBOX", "relay", Status.PENDING, Status.PENDING, Status.DEAD)
 #: How long an inline relay, run by the process that published, may take, and its batch size:
 #: the dispatchers are told the time left (``guard.remaining()``), and a message not sent in
 #: time is given back to the periodic relay.
@@ -146,7 +153,7 @@ class RelayResult:
     dead: int
     batches: int
     seconds: float
-    complete: bool  # False when the run stopped at its time limit
+    complete: bool  # False when the run stopped at its time limit, or was asked to stop
 
 
 def relay(
@@ -154,6 +161,7 @@ def relay(
     batch_size: int = 50,
     max_seconds: float | None = None,
     lease: timedelta = DEFAULT_LEASE,
+    stop: Callable[[], bool] = lambda: False,
     now: Callable[[], datetime] = timezone.now,
     random: Callable[[], float] = random.random,
 ) -> RelayResult:
@@ -162,17 +170,22 @@ def relay(
     Each batch is claimed for ``lease``: if the relay dies before it marks them, its messages
     are due again when the lease ends. ``max_seconds`` bounds the run (the next one carries
     on): dispatchers read what is left of it with ``guard.remaining()``, and a message whose
-    dispatch fails once the time is up is given back, its attempt not counted. Safe in several
-    processes at once. ``now`` and ``random`` are for tests.
+    dispatch fails once the time is up is given back, its attempt not counted. ``stop`` is
+    asked before each message: once it is true, the rest of the batch is given back the same
+    way. Safe in several processes at once. ``now`` and ``random`` are for tests.
     """
     using = router.db_for_write(OutboxMessage)
     started = time.monotonic()
     deadline = _deadline(started, max_seconds)
+
+    def must_stop() -> bool:
+        return (deadline is not None and time.monotonic() >= deadline) or stop()
+
     counts = {Status.DISPATCHED: 0, Status.PENDING: 0, Status.DEAD: 0}
     batches = 0
     complete = True
     while True:
-        if deadline is not None and time.monotonic() >= deadline:
+        if must_stop():
             complete = False
             break
         batch, spent = _claim(using, now(), batch_size, lease)
@@ -184,8 +197,8 @@ def relay(
         # and a consumer that writes to this database (the inbox of the same project) can.
         delivered = []
         for index, message in enumerate(batch):
-            if deadline is not None and time.monotonic() >= deadline:
-                _release(batch[index:], using, now())
+            if must_stop():
+                give_back(JOBS, batch[index:], using, now())
                 complete = False
                 break
             # What the dispatcher logs (the retry client's lines) carries the message's id.
@@ -198,7 +211,7 @@ def relay(
                     # Cut short by the relay's time, not refused: the next relay sends it, with
                     # the time its dispatcher needs.
                     _out_of_time(message, failure)
-                    _release(batch[index:], using, now())
+                    give_back(JOBS, batch[index:], using, now())
                     complete = False
                     break
                 else:
@@ -208,15 +221,16 @@ def relay(
         counts[Status.DISPATCHED] += (
             OutboxMessage.objects.using(using)
             .filter(pk__in=[message.pk for message in delivered], status=Status.PENDING)
-            .update(status=Status.DISPATCHED, next_attempt_at=None, dispatched_at=now())
+            .update(
+                status=Status.DISPATCHED,
+                next_attempt_at=None,
+                dispatched_at=now(),
+                **errors_back(JOBS, delivered),
+            )
         )
-        if logger.isEnabledFor(logging.INFO):
-            for message in delivered:
-                logger.info(
-                    "dispatched outbox message %s",
-                    message.message_id,
-                    extra=_fields(message, "dispatched", Status.DISPATCHED),
-                )
+        for message in delivered:
+            message.status = Status.DISPATCHED
+            _report(message, using)
         if not complete:
             break
     result = RelayResult(
@@ -240,6 +254,19 @@ def relay(
             },
         )
     return result
+
+
+def relay_worker(*, batch_size: int = 50, lease: timedelta = DEFAULT_LEASE) -> Worker[RelayResult]:
+    """The long-running relay, for the retry queue's worker loop: each step relays until no
+    message is due, or it is told to stop."""
+    # No channel to listen on, where the inbox's workers have one: a commit that publishes
+    # triggers its own relay (inline or Celery), so this one only polls for retries.
+    return Worker(
+        "the outbox relay",
+        logger,
+        lambda stop: relay(batch_size=batch_size, lease=lease, stop=stop),
+        jobs="messages",
+    )
 
 
 def _deadline(started: float, max_seconds: float | None) -> float | None:
@@ -290,45 +317,17 @@ def _claim(
     older = pending.filter(ordering_key=OuterRef("ordering_key"), pk__lt=OuterRef("pk")).exclude(
         ordering_key=""
     )
-    # A batch, where the inbox claims one event: it is sent with no transaction open, so its
-    # lease, not a row lock, keeps it this relay's.
-    taken = due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk")
-    policy = RetrySchedule.from_settings("OUTBOX")
-    with write_transaction(OutboxMessage, using):
-        claimed = list(taken[:limit])
-        # Every attempt was claimed and none recorded an outcome: its relay died each time.
-        spent = [message for message in claimed if policy.spent(message.attempts)]
-        for message in spent:
-            message.status, message.next_attempt_at = Status.DEAD, None
-            message.last_error = stopped_text("relay", message.attempts)
-            logger.error(
-                "outbox message %s is dead after %d attempts: %s",
-                message.message_id,
-                message.attempts,
-                message.last_error,
-                extra=_fields(message, "dead", Status.DEAD),
-            )
-        if spent:
-            OutboxMessage.objects.using(using).bulk_update(
-                spent, ["status", "next_attempt_at", "last_error"]
-            )
-        batch = [message for message in claimed if not policy.spent(message.attempts)]
-        # Counted before it is sent: a message whose relay dies every time still ends dead.
-        pending.filter(pk__in=[message.pk for message in batch]).update(
-            attempts=F("attempts") + 1, next_attempt_at=now + lease
-        )
-    for message in batch:
-        message.attempts += 1
-        message.next_attempt_at = now + lease
-    return batch, len(spent)
-
-
-def _release(messages: list[OutboxMessage], using: str, now: datetime) -> None:
-    """Give back messages claimed but not sent: due now, their attempt not counted."""
-    for message in messages:
-        OutboxMessage.objects.using(using).filter(
-            pk=message.pk, status=Status.PENDING, attempts=message.attempts
-        ).update(attempts=F("attempts") - 1, next_attempt_at=now)
+    claimed = claim(
+        JOBS,
+        due(pending, now).exclude(Exists(older)).order_by("next_attempt_at", "pk"),
+        using=using,
+        # A batch, where the inbox claims one event: it is sent with no transaction open, so
+        # its lease, not a row lock, keeps it this relay's.
+        until=lambda message: now + lease,
+        limit=limit,
+        on_dead=lambda message, from_state: _report(message, using),
+    )
+    return claimed.started, len(claimed.dead)
 
 
 def _dispatch(message: OutboxMessage) -> Exception | None:
@@ -352,37 +351,54 @@ def _record_failure(
     random: Callable[[], float],
 ) -> Status:
     """Schedule the message's retry, or mark it dead; return its new status."""
-    error = error_text(failure)
-    policy = RetrySchedule.from_settings("OUTBOX")
-    if policy.gives_up(message.attempts, failure):
-        status, next_attempt_at = Status.DEAD, None
-    else:
-        delay = policy.retry_delay(message.attempts, random)
-        status, next_attempt_at = Status.PENDING, now + timedelta(seconds=delay)
-        report_retry("outbox", delay, message.attempts, topic=message.topic)
-    # Only if no other relay took the message over since this attempt claimed it.
-    OutboxMessage.objects.using(using).filter(
-        pk=message.pk, status=Status.PENDING, attempts=message.attempts
-    ).update(status=status, next_attempt_at=next_attempt_at, last_error=error)
-    message.status, message.next_attempt_at, message.last_error = status, next_attempt_at, error
-    if status is Status.DEAD:
-        logger.error(
-            "outbox message %s is dead after %d attempts%s: %s",
-            message.message_id,
-            message.attempts,
-            " (a permanent failure)" if isinstance(failure, PermanentError) else "",
-            error,
-            extra=_fields(message, "dead", Status.DEAD),
-        )
-    else:
-        logger.warning(
-            "outbox message %s failed attempt %d; retry at %s",
-            message.message_id,
-            message.attempts,
-            next_attempt_at,
-            extra=_fields(message, "failed", Status.PENDING),
-        )
-    return status
+    # The retry counts from the failure, where the inbox's counts from its claim: until now the
+    # message's next_attempt_at was its lease's end.
+    fail(JOBS, message, failure, retry_from=now, random=random)
+    record(JOBS, message, using, "status", "next_attempt_at", "last_error")
+    _report(message, using, failure, now)
+    return Status(message.status)
+
+
+def _report(
+    message: OutboxMessage,
+    using: str,
+    failure: Exception | None = None,
+    now: datetime | None = None,
+) -> None:
+    """Log the message's new status, and report its retry, once it commits."""
+    status, retry_at, error = message.status, message.next_attempt_at, message.last_error
+    if status == Status.DISPATCHED and not logger.isEnabledFor(logging.INFO):
+        return
+
+    def after_commit() -> None:
+        if status == Status.DISPATCHED:
+            logger.info(
+                "dispatched outbox message %s",
+                message.message_id,
+                extra=_fields(message, "dispatched", Status.DISPATCHED),
+            )
+        elif status == Status.DEAD:
+            logger.error(
+                "outbox message %s is dead after %d attempts%s: %s",
+                message.message_id,
+                message.attempts,
+                " (a permanent failure)" if isinstance(failure, PermanentError) else "",
+                error,
+                extra=_fields(message, "dead", Status.DEAD),
+            )
+        else:
+            if retry_at is not None and now is not None:
+                delay = (retry_at - now).total_seconds()
+                report_retry("outbox", delay, message.attempts, topic=message.topic)
+            logger.warning(
+                "outbox message %s failed attempt %d; retry at %s",
+                message.message_id,
+                message.attempts,
+                retry_at,
+                extra=_fields(message, "failed", Status.PENDING),
+            )
+
+    transaction.on_commit(after_commit, using=using)
 
 
 def _fields(message: OutboxMessage, outcome: str, to_state: Status) -> dict[str, Any]:
@@ -412,18 +428,22 @@ def redeliver(messages: QuerySet[OutboxMessage]) -> list[int]:
     }
     with write_transaction(OutboxMessage, using):
         rows = change_unclaimed(messages.using(using), fresh, "message_id", "headers")
-        if logger.isEnabledFor(logging.INFO):
-            for row in rows:
-                logger.info(
-                    "outbox message %s will be delivered again",
-                    row["message_id"],
-                    extra={
-                        "idempotency_message_id": str(row["message_id"]),
-                        "idempotency_outcome": "redelivered",
-                        correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
-                        **state_change(row["status"], Status.PENDING),
-                    },
-                )
+        if rows and logger.isEnabledFor(logging.INFO):
+            transaction.on_commit(lambda: _log_redelivered(rows), using=using)
         if rows:
             _trigger_after_commit(using)
     return [row["pk"] for row in rows]
+
+
+def _log_redelivered(rows: list[dict[str, Any]]) -> None:
+    for row in rows:
+        logger.info(
+            "outbox message %s will be delivered again",
+            row["message_id"],
+            extra={
+                "idempotency_message_id": str(row["message_id"]),
+                "idempotency_outcome": "redelivered",
+                correlation.LOG_FIELD: correlation.from_headers(row["headers"]),
+                **state_change(row["status"], Status.PENDING),
+            },
+        )

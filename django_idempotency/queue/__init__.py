@@ -1,4 +1,4 @@
-"""The durable retry queue that the inbox's processing and the outbox's relay share: claiming due
-rows, backoff with jitter, dead-lettering and error texts. Each keeps only what is its own
-(handlers; dispatchers).
+"""The durable retry queue that the inbox's processing and the outbox's relay share: the claim
+(``SELECT … FOR UPDATE SKIP LOCKED``), the count of attempts, backoff with jitter, dead letters,
+error texts, and the worker's loop. Each keeps only what is its own (handlers; dispatchers).
 """

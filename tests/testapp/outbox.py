@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from django.conf import settings
 
@@ -33,6 +34,13 @@ def fail_at_first(message):
         msg = f"the consumer is down (attempt {message.attempts})"
         raise ConnectionError(msg)
     record(message)
+
+
+@outbox_dispatcher("tests.slow_refund")
+def slow_refund(message):
+    """Take ``payload["seconds"]``, then refund: a delivery that a process of its own can see."""
+    time.sleep(message.payload.get("seconds", 0))
+    Refund.objects.create(event_id=str(message.message_id), amount=message.attempts)
 
 
 # A relay in another process sends payment.captured to the URL the test gives it.

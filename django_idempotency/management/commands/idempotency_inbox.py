@@ -3,50 +3,38 @@ worker of the "database" runner."""
 
 from __future__ import annotations
 
-import signal
-import threading
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandParser
 from django.db import connections
 
 from django_idempotency.inbox.processing import dispatch_due
-from django_idempotency.inbox.worker import run_worker
+from django_idempotency.inbox.worker import inbox_worker
+from django_idempotency.management.queue_command import QueueCommand
 from django_idempotency.models import InboxEvent
 
-# Running forever, the purge runs this often rather than after every batch.
-PURGE_EVERY = 60.0
+if TYPE_CHECKING:
+    from django.core.management.base import CommandParser
+
+    from django_idempotency.queue.worker import Worker
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Dispatch inbox events whose retry is due or whose dispatch was lost, then delete "
         "processed events older than INBOX_RETENTION. With --forever, keep processing due "
         "events in this process until SIGTERM or SIGINT: the worker of INBOX_RUNNER 'database'."
     )
+    jobs = "events"
+    batch_size_help = "With --forever: events per batch."
+    interval_help = (
+        "With --forever: seconds to wait when nothing is due. On PostgreSQL a newly recorded "
+        "event ends the wait at once."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
         parser.add_argument(
-            "--limit", type=int, default=500, help="Dispatch at most this many events."
-        )
-        parser.add_argument("--no-purge", action="store_true", help="Do not delete old events.")
-        parser.add_argument(
-            "--forever",
-            action="store_true",
-            help="Keep processing due events, in batches, until stopped.",
-        )
-        parser.add_argument(
-            "--batch-size", type=int, default=50, help="With --forever: events per batch."
-        )
-        parser.add_argument(
-            "--interval",
-            type=float,
-            default=1.0,
-            help=(
-                "With --forever: seconds to wait when nothing is due. On PostgreSQL a newly "
-                "recorded event ends the wait at once."
-            ),
+            "--limit", type=int, default=500, help="Without --forever: dispatch at most this many."
         )
         parser.add_argument(
             "--listen-database",
@@ -58,59 +46,18 @@ class Command(BaseCommand):
             ),
         )
 
-    def handle(
-        self,
-        *args: Any,
-        limit: int,
-        no_purge: bool,
-        forever: bool,
-        batch_size: int,
-        interval: float,
-        listen_database: str | None,
-        **options: Any,
-    ) -> None:
-        if forever:
-            self.work(
-                batch_size=batch_size,
-                interval=interval,
-                purge=not no_purge,
-                listen_using=listen_database,
-            )
-            return
-        dispatched = dispatch_due(limit=limit)
+    def run_once(self, options: dict[str, Any]) -> None:
+        dispatched = dispatch_due(limit=options["limit"])
         self.stdout.write(f"Dispatched {dispatched} due inbox events.")
-        if not no_purge:
-            self.purge()
 
-    def work(
-        self, *, batch_size: int, interval: float, purge: bool, listen_using: str | None
-    ) -> None:
-        stop = threading.Event()
-
-        def ask_to_stop(signum: int, frame: object) -> None:
-            # The event being processed is finished first; the rest of its batch is left due.
-            stop.set()
-
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(signum, ask_to_stop)
-        purged_at = time.monotonic() - PURGE_EVERY if purge else None
-
-        def after_batch(taken: int) -> None:
-            nonlocal purged_at
-            if taken:
-                self.stdout.write(f"Processed {taken} inbox events.")
-            if purged_at is not None and time.monotonic() - purged_at >= PURGE_EVERY:
-                self.purge()
-                purged_at = time.monotonic()
-
-        run_worker(
-            stop=stop,
-            batch_size=batch_size,
-            interval=interval,
-            after_batch=after_batch,
-            listen_using=listen_using,
+    def worker(self, options: dict[str, Any]) -> Worker[int]:
+        return inbox_worker(
+            batch_size=options["batch_size"], listen_using=options["listen_database"]
         )
-        self.stdout.write("Stopped.")
+
+    def report(self, result: int) -> None:
+        if result:
+            self.stdout.write(f"Processed {result} inbox events.")
 
     def purge(self) -> None:
         purged = InboxEvent.objects.purge_processed()

@@ -2,65 +2,57 @@
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from django.core.management.base import BaseCommand, CommandParser
-from django.db import close_old_connections
-
+from django_idempotency.management.queue_command import QueueCommand
 from django_idempotency.models import OutboxMessage
-from django_idempotency.outbox.relaying import DEFAULT_LEASE, relay
+from django_idempotency.outbox.relaying import DEFAULT_LEASE, relay, relay_worker
+
+if TYPE_CHECKING:
+    from django.core.management.base import CommandParser
+
+    from django_idempotency.outbox.relaying import RelayResult
+    from django_idempotency.queue.worker import Worker
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = (
         "Dispatch the outbox's due messages, then delete dispatched messages older than "
-        "OUTBOX_RETENTION. With --forever, keep relaying."
+        "OUTBOX_RETENTION. With --forever, keep relaying, every --interval seconds, until "
+        "SIGTERM or SIGINT."
     )
+    jobs = "messages"
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--batch-size", type=int, default=50, help="Messages per batch.")
-        parser.add_argument(
-            "--forever",
-            action="store_true",
-            help="Keep relaying, every --interval seconds, until stopped.",
-        )
-        parser.add_argument(
-            "--interval", type=float, default=1.0, help="With --forever: seconds between runs."
-        )
+        super().add_arguments(parser)
         parser.add_argument(
             "--lease",
             type=float,
             default=DEFAULT_LEASE.total_seconds(),
             help="Seconds a batch is ours: a batch not marked by then is sent again.",
         )
-        parser.add_argument("--no-purge", action="store_true", help="Do not delete old messages.")
 
-    def handle(
-        self,
-        *args: Any,
-        batch_size: int,
-        forever: bool,
-        interval: float,
-        lease: float,
-        no_purge: bool,
-        **options: Any,
-    ) -> None:
-        purged_at = None
-        while True:
-            result = relay(batch_size=batch_size, lease=timedelta(seconds=lease))
-            if result.batches or not forever:
-                self.stdout.write(
-                    f"Dispatched {result.dispatched} outbox messages"
-                    f" ({result.failed} to retry, {result.dead} dead)."
-                )
-            # Running forever, purge once a minute rather than at every run.
-            if not no_purge and (purged_at is None or time.monotonic() - purged_at >= 60):
-                purged = OutboxMessage.objects.purge_dispatched()
-                purged_at = time.monotonic()
-                self.stdout.write(f"Purged {purged} dispatched outbox messages.")
-            if not forever:
-                return
-            close_old_connections()
-            time.sleep(interval)
+    def run_once(self, options: dict[str, Any]) -> None:
+        self.say(relay(batch_size=options["batch_size"], lease=_lease(options)))
+
+    def worker(self, options: dict[str, Any]) -> Worker[RelayResult]:
+        return relay_worker(batch_size=options["batch_size"], lease=_lease(options))
+
+    def report(self, result: RelayResult) -> None:
+        if result.batches:  # running forever, only the runs that sent something
+            self.say(result)
+
+    def say(self, result: RelayResult) -> None:
+        self.stdout.write(
+            f"Dispatched {result.dispatched} outbox messages"
+            f" ({result.failed} to retry, {result.dead} dead)."
+        )
+
+    def purge(self) -> None:
+        purged = OutboxMessage.objects.purge_dispatched()
+        self.stdout.write(f"Purged {purged} dispatched outbox messages.")
+
+
+def _lease(options: dict[str, Any]) -> timedelta:
+    return timedelta(seconds=options["lease"])
