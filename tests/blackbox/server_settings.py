@@ -33,6 +33,11 @@ if os.environ.get("BLACKBOX_BEHIND_PGBOUNCER"):
 if retry_delay := os.environ.get("BLACKBOX_OUTBOX_RETRY_DELAY"):
     IDEMPOTENCY["OUTBOX_RETRY_DELAY"] = timedelta(seconds=float(retry_delay))  # noqa: F405
     IDEMPOTENCY["OUTBOX_RETRY_MAX_DELAY"] = timedelta(seconds=20 * float(retry_delay))  # noqa: F405
+# A schedule made seconds long runs out of attempts in seconds too: ten attempts span about two
+# hours by default, about half a minute from 0.5 s. A test that restarts the broker, on a machine
+# slow enough that the restart takes that long, gives its messages more attempts.
+if max_attempts := os.environ.get("BLACKBOX_OUTBOX_MAX_ATTEMPTS"):
+    IDEMPOTENCY["OUTBOX_MAX_ATTEMPTS"] = int(max_attempts)  # noqa: F405
 
 # A 500 must look like one, not like Django's debug page.
 DEBUG = False

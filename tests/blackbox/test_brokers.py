@@ -147,7 +147,11 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
         url, port = broker.url, broker.port
     proxy = Proxy(port)
     consumer_url = url.replace(f":{port}", f":{proxy.port}")
-    knobs = {"PAYMENT_EVENTS_BROKER_URL": url, "BLACKBOX_OUTBOX_RETRY_DELAY": "0.5"}
+    knobs = {
+        "PAYMENT_EVENTS_BROKER_URL": url,
+        "BLACKBOX_OUTBOX_RETRY_DELAY": "0.5",
+        "BLACKBOX_OUTBOX_MAX_ATTEMPTS": "100",
+    }
     env = environment(database, **knobs)
     # The queue exists before the first event is published: nothing is routed to nowhere.
     with Connection(url) as connection:
@@ -157,6 +161,13 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
     fleet.start()
     done = threading.Event()
     faults = {"redeliveries forced": 0, "connection cuts": 0, "broker restarts": 0}
+
+    def restart_broker() -> None:
+        stopped = time.monotonic()
+        broker.stop()
+        broker.start()
+        faults["broker restarts"] += 1
+        faults["seconds restarting"] = round(time.monotonic() - stopped)
 
     def chaos() -> None:
         restart_at = PAYMENTS // 2
@@ -176,9 +187,7 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
                 faults["connection cuts"] += 1
             halfway = database.count("payments_payment") >= restart_at
             if transport == "rabbitmq" and not faults["broker restarts"] and halfway:
-                broker.stop()
-                broker.start()
-                faults["broker restarts"] += 1
+                restart_broker()
 
     def pay(number: int) -> int:
         body = json.dumps({"amount": 100 + number, "currency": "eur", "description": f"p{number}"})
@@ -193,6 +202,24 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
             time.sleep(0.2)
         raise AssertionError(f"payment {number} was not made")
 
+    def unhandled() -> dict[str, object]:
+        """What is left: each table's statuses, the receipts, and why the rows left failed."""
+        state: dict[str, object] = {
+            table: dict(
+                database.execute(
+                    f"SELECT status, count(*) FROM django_idempotency_{table} GROUP BY status"  # noqa: S608
+                )
+            )
+            for table in ("outboxmessage", "inboxevent")
+        }
+        state["receipts"] = database.count("payments_receiptemail")
+        for table, done_status in (("outboxmessage", "dispatched"), ("inboxevent", "processed")):
+            state[f"{table} left"] = database.execute(
+                f"SELECT status, attempts, left(last_error, 300) FROM django_idempotency_{table} "  # noqa: S608
+                f"WHERE status <> '{done_status}' LIMIT 3"
+            )
+        return state
+
     chaos_thread = threading.Thread(target=chaos, daemon=True)
     chaos_thread.start()
     try:
@@ -205,9 +232,7 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
             done.set()
             chaos_thread.join()
             if not faults["broker restarts"]:
-                broker.stop()
-                broker.start()
-                faults["broker restarts"] += 1
+                restart_broker()
         done.set()
         chaos_thread.join()
         fleet.kill_a_consumer()  # and a last kill, after the load
@@ -221,7 +246,9 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
         # killed before it processed it is the periodic run's, a minute after it was recorded.
         deadline, ran_at = time.monotonic() + 180, time.monotonic()
         while not all_handled():
-            assert time.monotonic() < deadline, "gave up waiting for every event to be handled"
+            assert time.monotonic() < deadline, (
+                f"gave up waiting for every event to be handled (seed {SEED}): {unhandled()}"
+            )
             time.sleep(1)
             if time.monotonic() - ran_at >= 10:
                 manage(env, "idempotency_inbox", "--no-purge")
@@ -229,14 +256,7 @@ def test_every_payment_event_is_handled_exactly_once_through_kills_and_a_restart
         faults["seconds until all handled"] = round(time.monotonic() - started)
     except BaseException:
         print(fleet.logs_text())
-        for table in ("outboxmessage", "inboxevent"):
-            print(
-                table,
-                database.execute(
-                    f"SELECT status, count(*) FROM django_idempotency_{table} GROUP BY status"  # noqa: S608
-                ),
-            )
-        print("receipts", database.count("payments_receiptemail"), "faults", faults, fleet.kills)
+        print(unhandled(), "faults", faults, fleet.kills)
         if transport == "redis":
             import redis  # noqa: PLC0415
 
