@@ -30,6 +30,7 @@ from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolv
 from django_idempotency.core.bodies import JSONTooDeep, check_json_depth, max_json_depth
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.fingerprint import buffer_body
+from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
 from django_idempotency.policy import SETTING_OF, Policy
 
@@ -221,9 +222,10 @@ class IdempotentMixin(_Dispatch):
             # finalize_response takes any HttpResponseBase, though typed for Response.
             return self.finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
 
-        return self.idempotency_engine.handle(
+        return handle(
             request._request,
             run_view,
+            engine=self.idempotency_engine,
             policy=self.get_idempotency_policy(),
             sender=type(self),
             view_request=request,

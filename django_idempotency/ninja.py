@@ -35,7 +35,7 @@ with optional.requires("ninja", __name__):
 from django_idempotency import problems
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.engine import Engine, default_engine
-from django_idempotency.core.keyed_request import around_async, unavailable_is_503
+from django_idempotency.core.keyed_request import around_async, handle, unavailable_is_503
 from django_idempotency.core.openapi_contract import (
     PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
@@ -171,7 +171,7 @@ class _Adapter:
         return unavailable_is_503(remembered)
 
     def _wrap(self, function: OperationFunction) -> OperationFunction:
-        def handle(
+        def answer(
             request: HttpRequest, operation: Operation, call: Callable[[], Any], values: Any
         ) -> HttpResponseBase:
             response_arg = operation.signature.response_arg
@@ -189,8 +189,12 @@ class _Adapter:
                 except Exception as exc:
                     return operation.api.on_exception(request, exc)
 
-            return self.engine.handle(
-                request, run_view, policy=self.policy(operation), sender=function
+            return handle(
+                request,
+                run_view,
+                engine=self.engine,
+                policy=self.policy(operation),
+                sender=function,
             )
 
         if iscoroutinefunction(function):
@@ -200,7 +204,7 @@ class _Adapter:
                 operation = getattr(request, _OPERATION)
                 body = partial(function, request, **values)
                 return await around_async(
-                    lambda call: handle(request, operation, call, values), body
+                    lambda call: answer(request, operation, call, values), body
                 )
 
             async_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
@@ -210,7 +214,7 @@ class _Adapter:
         @wraps(function)
         def sync_function(request: HttpRequest, **values: Any) -> HttpResponseBase:
             operation = getattr(request, _OPERATION)
-            return handle(request, operation, partial(function, request, **values), values)
+            return answer(request, operation, partial(function, request, **values), values)
 
         sync_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
         sync_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks

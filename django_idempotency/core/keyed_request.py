@@ -1,10 +1,11 @@
 """A view's request as the engine's operation, and what every HTTP adapter shares.
 
 The DRF mixin, the view decorator and Ninja each read the request their framework's way, then
-hand it here: the key is read and checked, the scope and fingerprint taken, and the request
-becomes a ``KeyedRequest`` that the engine runs. An asynchronous view crosses to the engine's
-thread and back in one place (``around_async``), and a database that fails before the key is
-looked at answers 503 in one place (``unavailable_is_503``).
+hand it to ``handle()``: the key is read and checked, the scope and fingerprint taken, the
+request becomes a ``KeyedRequest`` that the engine runs, and the decision is reported and
+answered. An asynchronous view crosses to the engine's thread and back in one place
+(``around_async``), and a database that fails before the key is looked at answers 503 in one
+place (``unavailable_is_503``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
 
 from django_idempotency import problems
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.cache import ReplayCache
 from django_idempotency.core.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
 from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
-from django_idempotency.core.outcomes import Decision, Outcome
+from django_idempotency.core.outcomes import Decision, Outcome, report
 from django_idempotency.core.responses import (
     DATABASE_UNAVAILABLE,
     STATUS_HEADER,
@@ -36,11 +38,14 @@ if TYPE_CHECKING:
 
     from django.http import HttpRequest, HttpResponseBase
 
+    from django_idempotency.core.engine import Engine
     from django_idempotency.core.store import StoredResponse
     from django_idempotency.policy import Policy
 
 T = TypeVar("T")
 F = TypeVar("F", bound="Callable[..., Any]")
+
+_HANDLED = "_django_idempotency_handled"
 
 
 @dataclass
@@ -171,6 +176,62 @@ def identify(
     scoped = ScopedKey(key, scope)
     setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
     return KeyedRequest(request, view, policy, view_request, scoped, route, fingerprint)
+
+
+def handle(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    *,
+    engine: Engine,
+    policy: Policy,
+    sender: Any,
+    view_request: Any = None,
+) -> HttpResponseBase:
+    """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
+
+    With the ``ENABLED`` setting off, call ``view()`` as if there were no key handling.
+
+    ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
+    scope function and signal receivers get.
+    """
+    if request.method not in policy.methods or not idempotency_settings.ENABLED:
+        return view()
+    # Applied twice to one view (decorator and mixin, say), the outer one does the work.
+    if getattr(request, _HANDLED, False):
+        return view()
+    setattr(request, _HANDLED, True)
+    started = time.perf_counter()
+    timed_view = TimedView(view)
+    decision = _decide(engine, request, timed_view, policy, view_request or request)
+    if decision is None:
+        return view()
+    duration = time.perf_counter() - started
+    report(decision, sender, view_request or request, duration, timed_view.seconds)
+    if decision.error is not None:
+        raise decision.error
+    assert decision.response is not None  # noqa: S101 - for the type checker
+    return decision.response
+
+
+def _decide(
+    engine: Engine,
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    policy: Policy,
+    view_request: Any,
+) -> Decision | None:
+    keyed = identify(request, view, policy, view_request)
+    if not isinstance(keyed, KeyedRequest):
+        return keyed  # a refusal; or None: no key, and the view does not require one
+    try:
+        return keyed.answered(engine.run(keyed))
+    except DATABASE_UNAVAILABLE:
+        # In atomic mode the transaction was rolled back with the key; in lease mode the
+        # view's effect may have happened, and the key tells the retry so.
+        response = unavailable_response(rolled_back=policy.mode == "atomic")
+        return keyed.decision(Outcome.UNAVAILABLE, response)
+    except Exception as exc:  # reported, then re-raised by handle()
+        return keyed.decision(Outcome.NOT_STORED, None, error=exc)
 
 
 class TimedView:
