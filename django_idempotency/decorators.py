@@ -17,6 +17,7 @@ from django_idempotency.conditional import (
     etag_for_version,
     names_a_version,
 )
+from django_idempotency.core import hooks
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.optional import installed
@@ -88,7 +89,7 @@ def idempotent(
                 body = partial(view_func, request, *args, **kwargs)
                 return await around_async(partial(answer, request), body)
 
-            async_wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+            hooks.register(async_wrapper, options.get("reconcile"))
             async_wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
             return async_wrapper  # type: ignore[return-value] # awaited by Django
 
@@ -96,7 +97,7 @@ def idempotent(
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             return answer(request, lambda: view_func(request, *args, **kwargs))
 
-        wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+        hooks.register(wrapper, options.get("reconcile"))
         wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
         return wrapper
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
-from django_idempotency.core import optional
+from django_idempotency.core import hooks, optional
 
 __all__ = ["ConditionalMixin", "IdempotentMixin", "JSONParser"]
 
@@ -147,6 +148,12 @@ class IdempotentMixin(_Dispatch):
     idempotency_reconcile: Callable[[Any], Any] | str | None = None
     idempotency_engine: Engine = default_engine
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The sweeper finds the view's hook in the registry: declared with the class.
+        hook = inspect.getattr_static(cls, "idempotency_reconcile", None)
+        hooks.register(cls, hook.__func__ if isinstance(hook, staticmethod) else hook)
+
     def get_idempotency_policy(self) -> Policy:
         """Return the policy for this request; override to decide per request."""
         options = {
@@ -230,6 +237,15 @@ class IdempotentMixin(_Dispatch):
             sender=type(self),
             view_request=request,
         )
+
+
+def _view_class(callback: Any) -> list[tuple[None, Any]]:
+    # A viewset's as_view() names its class as DRF's cls alone, not as Django's view_class.
+    view_class = getattr(callback, "cls", None)
+    return [] if view_class is None else [(None, view_class)]
+
+
+hooks.register_reader(_view_class)
 
 
 class JSONParser(parsers.JSONParser):

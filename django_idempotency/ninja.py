@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpResponseBase
 
-from django_idempotency.core import optional
+from django_idempotency.core import hooks, optional
 
 with optional.requires("ninja", __name__):
     from ninja.decorators import decorate_view
@@ -207,7 +207,7 @@ class _Adapter:
                     lambda call: answer(request, operation, call, values), body
                 )
 
-            async_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+            hooks.register(async_function, self.options.get("reconcile"))
             async_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
             return async_function
 
@@ -216,9 +216,34 @@ class _Adapter:
             operation = getattr(request, _OPERATION)
             return answer(request, operation, partial(function, request, **values), values)
 
-        sync_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+        hooks.register(sync_function, self.options.get("reconcile"))
         sync_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
         return sync_function
+
+
+def ninja_operations(callback: Any) -> list[Operation]:
+    """The operations of a Django Ninja path, one per method, behind its URL pattern's view.
+
+    Ninja's view is a closure over its ``PathView``, and nothing public leads from the view to
+    it: what else would tell the sweeper and the checks, which serve no request, which function
+    answers which method.
+    """
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            operations = getattr(cell.cell_contents, "operations", None)
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(operations, list):
+            return operations
+    return []
+
+
+def _dispatched(callback: Any) -> Iterator[tuple[list[str], Any]]:
+    for operation in ninja_operations(callback):
+        yield operation.methods, operation.view_func
+
+
+hooks.register_reader(_dispatched)
 
 
 def ninja_scope(request: Any, route: str) -> str:
