@@ -21,6 +21,7 @@ from django_idempotency.core import hooks
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.optional import installed
+from django_idempotency.core.unavailable import answers_unavailable
 from django_idempotency.policy import Policy, check_option_names
 
 if TYPE_CHECKING:
@@ -89,17 +90,19 @@ def idempotent(
                 body = partial(view_func, request, *args, **kwargs)
                 return await around_async(partial(answer, request), body)
 
-            hooks.register(async_wrapper, options.get("reconcile"))
-            async_wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
-            return async_wrapper  # type: ignore[return-value] # awaited by Django
+            async_answered = answers_unavailable(async_wrapper)
+            hooks.register(async_answered, options.get("reconcile"))
+            async_answered.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
+            return async_answered  # type: ignore[return-value] # awaited by Django
 
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
             return answer(request, lambda: view_func(request, *args, **kwargs))
 
-        hooks.register(wrapper, options.get("reconcile"))
-        wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
-        return wrapper
+        answered = answers_unavailable(wrapper)
+        hooks.register(answered, options.get("reconcile"))
+        answered.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
+        return answered
 
     return decorator if view is None else decorator(view)
 

@@ -32,7 +32,7 @@ from django_idempotency.core.bodies import JSONTooDeep, check_json_depth, max_js
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.fingerprint import buffer_body
 from django_idempotency.core.keyed_request import handle
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE, unavailable_answer
 from django_idempotency.policy import SETTING_OF, Policy
 
 if TYPE_CHECKING:
@@ -197,9 +197,10 @@ class IdempotentMixin(_Dispatch):
 
     def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override] # DRF finalizes any HttpResponseBase
         # The database can fail before the handler runs too (authentication queries it after
-        # a failover): that is a retryable 503, never a bare 500.
-        if isinstance(exc, DATABASE_UNAVAILABLE):
-            return unavailable_response(rolled_back=False)
+        # a failover): the one retryable 503, never a bare 500. DRF hands every error of the
+        # view here, where other adapters wrap the view.
+        if (unavailable := unavailable_answer(exc)) is not None:
+            return unavailable
         return super().handle_exception(exc)
 
     def initialize_request(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Request:

@@ -35,7 +35,7 @@ with optional.requires("ninja", __name__):
 from django_idempotency import problems
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.engine import Engine, default_engine
-from django_idempotency.core.keyed_request import around_async, handle, unavailable_is_503
+from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.openapi_contract import (
     PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
@@ -46,7 +46,7 @@ from django_idempotency.core.openapi_contract import (
     key_parameter,
     problem_response,
 )
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE, answers_unavailable
 from django_idempotency.policy import Policy, check_option_names
 from django_idempotency.scope import default_scope, get_principal
 
@@ -168,7 +168,7 @@ class _Adapter:
 
         if iscoroutinefunction(run):
             markcoroutinefunction(remembered)
-        return unavailable_is_503(remembered)
+        return answers_unavailable(remembered)
 
     def _wrap(self, function: OperationFunction) -> OperationFunction:
         def answer(

@@ -28,7 +28,6 @@ from django_idempotency.core.leases import LeaseKeeper
 from django_idempotency.core.leases import leases as default_leases
 from django_idempotency.core.operation import Answer, Operation
 from django_idempotency.core.outcomes import Outcome
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE
 from django_idempotency.core.store import (
     Claim,
     Conflict,
@@ -37,6 +36,7 @@ from django_idempotency.core.store import (
     StoredResponse,
     key_store,
 )
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE
 from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
