@@ -17,9 +17,11 @@ from django_idempotency.conditional import (
     etag_for_version,
     names_a_version,
 )
+from django_idempotency.core import hooks
 from django_idempotency.core.engine import Engine, default_engine
-from django_idempotency.core.keyed_request import around_async
+from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.optional import installed
+from django_idempotency.core.unavailable import answers_unavailable
 from django_idempotency.policy import Policy, check_option_names
 
 if TYPE_CHECKING:
@@ -73,9 +75,11 @@ def idempotent(
             )
             raise ImproperlyConfigured(msg)
 
-        def handle(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
+        def answer(request: HttpRequest, view: Callable[[], HttpResponseBase]) -> HttpResponseBase:
             policy = Policy.from_settings(recover, **options)
-            return (engine or default_engine).handle(request, view, policy=policy, sender=view_func)
+            return handle(
+                request, view, engine=engine or default_engine, policy=policy, sender=view_func
+            )
 
         if iscoroutinefunction(view_func):
 
@@ -84,19 +88,21 @@ def idempotent(
                 request: HttpRequest, *args: Any, **kwargs: Any
             ) -> HttpResponseBase:
                 body = partial(view_func, request, *args, **kwargs)
-                return await around_async(partial(handle, request), body)
+                return await around_async(partial(answer, request), body)
 
-            async_wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
-            async_wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
-            return async_wrapper  # type: ignore[return-value] # awaited by Django
+            async_answered = answers_unavailable(async_wrapper)
+            hooks.register(async_answered, options.get("reconcile"))
+            async_answered.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
+            return async_answered  # type: ignore[return-value] # awaited by Django
 
         @wraps(view_func)
         def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            return handle(request, lambda: view_func(request, *args, **kwargs))
+            return answer(request, lambda: view_func(request, *args, **kwargs))
 
-        wrapper.idempotency_reconcile = options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
-        wrapper.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
-        return wrapper
+        answered = answers_unavailable(wrapper)
+        hooks.register(answered, options.get("reconcile"))
+        answered.idempotency_options = options  # type: ignore[attr-defined] # checked at startup
+        return answered
 
     return decorator if view is None else decorator(view)
 

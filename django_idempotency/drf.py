@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 
-from django_idempotency.core import optional
+from django_idempotency.core import hooks, optional
 
 __all__ = ["ConditionalMixin", "IdempotentMixin", "JSONParser"]
 
@@ -30,7 +31,8 @@ from django_idempotency.conf import UNSAFE_METHODS, idempotency_settings, resolv
 from django_idempotency.core.bodies import JSONTooDeep, check_json_depth, max_json_depth
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.fingerprint import buffer_body
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.keyed_request import handle
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE, unavailable_answer
 from django_idempotency.policy import SETTING_OF, Policy
 
 if TYPE_CHECKING:
@@ -146,6 +148,12 @@ class IdempotentMixin(_Dispatch):
     idempotency_reconcile: Callable[[Any], Any] | str | None = None
     idempotency_engine: Engine = default_engine
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # The sweeper finds the view's hook in the registry: declared with the class.
+        hook = inspect.getattr_static(cls, "idempotency_reconcile", None)
+        hooks.register(cls, hook.__func__ if isinstance(hook, staticmethod) else hook)
+
     def get_idempotency_policy(self) -> Policy:
         """Return the policy for this request; override to decide per request."""
         options = {
@@ -189,9 +197,10 @@ class IdempotentMixin(_Dispatch):
 
     def handle_exception(self, exc: Exception) -> HttpResponseBase:  # type: ignore[override] # DRF finalizes any HttpResponseBase
         # The database can fail before the handler runs too (authentication queries it after
-        # a failover): that is a retryable 503, never a bare 500.
-        if isinstance(exc, DATABASE_UNAVAILABLE):
-            return unavailable_response(rolled_back=False)
+        # a failover): the one retryable 503, never a bare 500. DRF hands every error of the
+        # view here, where other adapters wrap the view.
+        if (unavailable := unavailable_answer(exc)) is not None:
+            return unavailable
         return super().handle_exception(exc)
 
     def initialize_request(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Request:
@@ -221,13 +230,23 @@ class IdempotentMixin(_Dispatch):
             # finalize_response takes any HttpResponseBase, though typed for Response.
             return self.finalize_response(request, response, *args, **kwargs)  # type: ignore[arg-type]
 
-        return self.idempotency_engine.handle(
+        return handle(
             request._request,
             run_view,
+            engine=self.idempotency_engine,
             policy=self.get_idempotency_policy(),
             sender=type(self),
             view_request=request,
         )
+
+
+def _view_class(callback: Any) -> list[tuple[None, Any]]:
+    # A viewset's as_view() names its class as DRF's cls alone, not as Django's view_class.
+    view_class = getattr(callback, "cls", None)
+    return [] if view_class is None else [(None, view_class)]
+
+
+hooks.register_reader(_view_class)
 
 
 class JSONParser(parsers.JSONParser):

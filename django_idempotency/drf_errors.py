@@ -23,7 +23,7 @@ with optional.requires("drf", __name__):
     from rest_framework.views import exception_handler
 
 from django_idempotency import problems
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.unavailable import unavailable_answer
 
 if TYPE_CHECKING:
     from django.http import HttpResponse
@@ -93,9 +93,9 @@ def problem_exception_handler(exc: Exception, context: dict[str, Any]) -> HttpRe
 
     Set as ``REST_FRAMEWORK["EXCEPTION_HANDLER"]``. Another exception is left to Django (500).
     """
-    if isinstance(exc, DATABASE_UNAVAILABLE):
-        # The answer IdempotentMixin gives, for views without it: the failure is transient.
-        return unavailable_response(rolled_back=False)
+    # The answer IdempotentMixin gives, for views without it: the failure is transient.
+    if (unavailable := unavailable_answer(exc)) is not None:
+        return unavailable
     # DRF's own handler first: it rolls back ATOMIC_REQUESTS, so the idempotency layer keeps
     # exactly what it keeps today, and it computes the WWW-Authenticate and Retry-After headers.
     response = exception_handler(exc, context)

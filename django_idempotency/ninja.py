@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpResponseBase
 
-from django_idempotency.core import optional
+from django_idempotency.core import hooks, optional
 
 with optional.requires("ninja", __name__):
     from ninja.decorators import decorate_view
@@ -35,7 +35,7 @@ with optional.requires("ninja", __name__):
 from django_idempotency import problems
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.engine import Engine, default_engine
-from django_idempotency.core.keyed_request import around_async, unavailable_is_503
+from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.openapi_contract import (
     PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
@@ -46,7 +46,7 @@ from django_idempotency.core.openapi_contract import (
     key_parameter,
     problem_response,
 )
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE, answers_unavailable
 from django_idempotency.policy import Policy, check_option_names
 from django_idempotency.scope import default_scope, get_principal
 
@@ -168,10 +168,10 @@ class _Adapter:
 
         if iscoroutinefunction(run):
             markcoroutinefunction(remembered)
-        return unavailable_is_503(remembered)
+        return answers_unavailable(remembered)
 
     def _wrap(self, function: OperationFunction) -> OperationFunction:
-        def handle(
+        def answer(
             request: HttpRequest, operation: Operation, call: Callable[[], Any], values: Any
         ) -> HttpResponseBase:
             response_arg = operation.signature.response_arg
@@ -189,8 +189,12 @@ class _Adapter:
                 except Exception as exc:
                     return operation.api.on_exception(request, exc)
 
-            return self.engine.handle(
-                request, run_view, policy=self.policy(operation), sender=function
+            return handle(
+                request,
+                run_view,
+                engine=self.engine,
+                policy=self.policy(operation),
+                sender=function,
             )
 
         if iscoroutinefunction(function):
@@ -200,21 +204,46 @@ class _Adapter:
                 operation = getattr(request, _OPERATION)
                 body = partial(function, request, **values)
                 return await around_async(
-                    lambda call: handle(request, operation, call, values), body
+                    lambda call: answer(request, operation, call, values), body
                 )
 
-            async_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+            hooks.register(async_function, self.options.get("reconcile"))
             async_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
             return async_function
 
         @wraps(function)
         def sync_function(request: HttpRequest, **values: Any) -> HttpResponseBase:
             operation = getattr(request, _OPERATION)
-            return handle(request, operation, partial(function, request, **values), values)
+            return answer(request, operation, partial(function, request, **values), values)
 
-        sync_function.idempotency_reconcile = self.options.get("reconcile")  # type: ignore[attr-defined] # found by the sweeper
+        hooks.register(sync_function, self.options.get("reconcile"))
         sync_function.idempotency_options = self.options  # type: ignore[attr-defined] # seen by the checks
         return sync_function
+
+
+def ninja_operations(callback: Any) -> list[Operation]:
+    """The operations of a Django Ninja path, one per method, behind its URL pattern's view.
+
+    Ninja's view is a closure over its ``PathView``, and nothing public leads from the view to
+    it: what else would tell the sweeper and the checks, which serve no request, which function
+    answers which method.
+    """
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            operations = getattr(cell.cell_contents, "operations", None)
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(operations, list):
+            return operations
+    return []
+
+
+def _dispatched(callback: Any) -> Iterator[tuple[list[str], Any]]:
+    for operation in ninja_operations(callback):
+        yield operation.methods, operation.view_func
+
+
+hooks.register_reader(_dispatched)
 
 
 def ninja_scope(request: Any, route: str) -> str:

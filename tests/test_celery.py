@@ -26,6 +26,7 @@ from django_idempotency.celery import (
 )
 from django_idempotency.core import canonical
 from django_idempotency.core.engine import Engine
+from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.store import KeyStore
 from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
@@ -587,8 +588,12 @@ class ThroughAView:
         )
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
         policy = Policy.from_settings(mode="lease", lease_timeout=30, wait_timeout=0.1)
-        response = Engine().handle(
-            request, lambda: JsonResponse(shared_body(amount)), policy=policy, sender=None
+        response = handle(
+            request,
+            lambda: JsonResponse(shared_body(amount)),
+            engine=Engine(),
+            policy=policy,
+            sender=None,
         )
         answer = json.loads(response.content)
         return answer.get("code", answer)

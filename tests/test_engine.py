@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.core.engine import Engine, default_engine
+from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
 from django_idempotency.core.outcomes import Outcome
 from django_idempotency.core.store import key_store
@@ -128,9 +129,10 @@ class TestEngineDirectly:
     def test_an_unresolved_request_is_scoped_by_its_path(self, key):
         request = RequestFactory().post("/direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
-        response = Engine().handle(
+        response = handle(
             request,
             lambda: HttpResponse("ok", status=201),
+            engine=Engine(),
             policy=Policy.from_settings(),
             sender=None,
         )
@@ -145,7 +147,9 @@ class TestEngineDirectly:
 
         request = RequestFactory().post("/direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
-        response = Engine().handle(request, view, policy=Policy.from_settings(), sender=None)
+        response = handle(
+            request, view, engine=Engine(), policy=Policy.from_settings(), sender=None
+        )
         assert response.status_code == 201
         assert "Idempotency-Status" not in response
         assert (Payment.objects.count(), IdempotencyKey.objects.count()) == (0, 0)
@@ -154,8 +158,12 @@ class TestEngineDirectly:
         moment = timezone.now() - timedelta(days=3)
         request = RequestFactory().post("/direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
-        Engine(clock=lambda: moment).handle(
-            request, lambda: HttpResponse(status=201), policy=Policy.from_settings(), sender=None
+        handle(
+            request,
+            lambda: HttpResponse(status=201),
+            engine=Engine(clock=lambda: moment),
+            policy=Policy.from_settings(),
+            sender=None,
         )
         assert IdempotencyKey.objects.get().created_at == moment
 
@@ -282,8 +290,8 @@ def test_a_scope_longer_than_its_column_is_stored_as_its_digest(key):
         )
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
         policy = Policy.from_settings(scope_function=long_scope)
-        return Engine().handle(
-            request, lambda: HttpResponse(status=201), policy=policy, sender=None
+        return handle(
+            request, lambda: HttpResponse(status=201), engine=Engine(), policy=policy, sender=None
         )
 
     first, second = send(), send()
@@ -345,7 +353,7 @@ def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
         request = RequestFactory().post("/direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
         view = lambda: HttpResponse(status=201)  # noqa: E731
-        return engine.handle(request, view, policy=Policy.from_settings(), sender=None)
+        return handle(request, view, engine=engine, policy=Policy.from_settings(), sender=None)
 
     assert send()["Idempotency-Status"] == "stored"
     assert store.asked == ["lookup", "acquire"]

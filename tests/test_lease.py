@@ -18,6 +18,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.core.engine import Engine
+from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.store import Conflict, KeyStore, NewKey, key_store
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient, process_env
@@ -361,8 +362,12 @@ class TestLeaseEdges:
         request = RequestFactory().post("/lease-direct/", b"{}", content_type="application/json")
         request.META["HTTP_IDEMPOTENCY_KEY"] = key
         policy = Policy.from_settings(mode="lease", lease_timeout=1)
-        return (engine or Engine()).handle(
-            request, lambda: view() or HttpResponse(status=201), policy=policy, sender=None
+        return handle(
+            request,
+            lambda: view() or HttpResponse(status=201),
+            engine=engine or Engine(),
+            policy=policy,
+            sender=None,
         )
 
     def test_a_key_that_cannot_be_released_is_left_to_its_lease(self, caplog, monkeypatch):

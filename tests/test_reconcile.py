@@ -13,9 +13,12 @@ from django.http import JsonResponse
 from django.test import override_settings
 from django.urls import path
 from django.utils import timezone
+from django.views.decorators.csrf import csrf_exempt
 
+from django_idempotency.core import hooks
 from django_idempotency.core.sweeper import NEEDS_ATTENTION, hooks_by_route
 from django_idempotency.decorators import idempotent
+from django_idempotency.drf import IdempotentMixin
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.reconcile import NothingHappened, Reconciled, Unknown
 from tests.conftest import ApiClient
@@ -451,3 +454,48 @@ def test_a_ninja_operation_s_own_hook_is_found_by_its_route_and_method(alice):
     assert states == {"charge": "succeeded", "replace": "failed"}
     assert (retry.status_code, json.loads(retry.content)) == (201, {"ninja": True})
     assert retry["Idempotency-Status"] == "replayed"
+
+
+class TestTheRegistry:
+    """The sweeper finds a view's hook in what its adapter registered, through its URL pattern."""
+
+    def test_a_drf_view_declares_its_hook_with_its_class(self):
+        from rest_framework import viewsets  # noqa: PLC0415
+
+        class ChargeViewSet(IdempotentMixin, viewsets.ViewSet):
+            idempotency_reconcile = "tests.test_reconcile.answer_created"
+
+            def create(self, request):
+                return JsonResponse({}, status=201)
+
+        class NoHook(ReconciledLeaseView):
+            idempotency_reconcile = None
+
+        assert hooks.hooks_of(ReconciledLeaseView.as_view()) == {None: answer_created}
+        # A viewset's view names its class only as DRF's cls: the DRF adapter reads it.
+        viewset = ChargeViewSet.as_view({"post": "create"})
+        assert hooks.hooks_of(viewset) == {None: "tests.test_reconcile.answer_created"}
+        assert hooks.hooks_of(NoHook.as_view()) == {}
+
+    def test_a_plain_view_declares_its_hook_when_decorated(self):
+        assert hooks.hooks_of(plain_charge) == {None: "tests.test_reconcile.nothing"}
+        # Found behind a decorator that wraps it, as the URLconf may hold it.
+        assert hooks.hooks_of(csrf_exempt(plain_charge)) == {None: "tests.test_reconcile.nothing"}
+
+    def test_a_ninja_operation_declares_its_hook_for_its_methods(self):
+        pytest.importorskip("ninja")
+        with override_settings(ROOT_URLCONF=_ninja_urlconf()):
+            assert hooks_by_route() == {("api/charges/", "POST"): ninja_charged}
+
+    def test_an_attribute_stuck_on_a_view_is_no_declaration(self):
+        def charge(request):
+            return JsonResponse({}, status=201)
+
+        charge.idempotency_reconcile = answer_created  # not through an adapter
+
+        class URLConf:
+            urlpatterns = [path("charge/", charge)]
+
+        assert hooks.hooks_of(charge) == {}
+        with override_settings(ROOT_URLCONF=URLConf):
+            assert hooks_by_route() == {}

@@ -1,10 +1,9 @@
 """The engine: claim the key, run the operation, store its result, or replay a stored one.
 
 An *operation* is anything made idempotent by key: a view's request, a Celery task's delivery.
-``Engine.run`` walks one through the key table; ``Engine.handle`` is that walk for a request,
-knowing Django's request and response but nothing of Django REST framework. The DRF mixin, the
-view decorator and Ninja are thin adapters over ``Engine.handle``, the task decorator over
-``Engine.run``.
+``Engine.run`` walks one through the key table, knowing nothing of HTTP: a view's request is
+such an operation in ``core/keyed_request.py``, whose ``handle()`` the DRF mixin, the view
+decorator and Ninja are thin adapters over; the task decorator hands it a delivery.
 
 A key that a completed run holds is replayed from one read of its row, before any transaction:
 a replay writes nothing and locks nothing. Otherwise the key is claimed.
@@ -19,19 +18,16 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import router, transaction
 from django.utils import timezone
 
-from django_idempotency.conf import idempotency_settings
-from django_idempotency.core.keyed_request import KeyedRequest, TimedView, identify
 from django_idempotency.core.leases import LeaseKeeper
 from django_idempotency.core.leases import leases as default_leases
 from django_idempotency.core.operation import Answer, Operation
-from django_idempotency.core.outcomes import Decision, Outcome, report
-from django_idempotency.core.responses import DATABASE_UNAVAILABLE, unavailable_response
+from django_idempotency.core.outcomes import Outcome
 from django_idempotency.core.store import (
     Claim,
     Conflict,
@@ -40,22 +36,17 @@ from django_idempotency.core.store import (
     StoredResponse,
     key_store,
 )
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE
 from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
 
-    from django.http import HttpRequest, HttpResponseBase
-
-    from django_idempotency.policy import Policy
-
 R = TypeVar("R")
 T = TypeVar("T")
 
 logger = logging.getLogger("django_idempotency")
-
-_HANDLED = "_django_idempotency_handled"
 
 # How often a run that waits for another one holding its key looks at the key again.
 POLL_SECONDS = 0.05
@@ -108,60 +99,6 @@ class Engine:
         self.clock = clock
         self.leases = leases
         self.store = store
-
-    def handle(
-        self,
-        request: HttpRequest,
-        view: Callable[[], HttpResponseBase],
-        *,
-        policy: Policy,
-        sender: Any,
-        view_request: Any = None,
-    ) -> HttpResponseBase:
-        """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
-
-        With the ``ENABLED`` setting off, call ``view()`` as if there were no key handling.
-
-        ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
-        scope function and signal receivers get.
-        """
-        if request.method not in policy.methods or not idempotency_settings.ENABLED:
-            return view()
-        # Applied twice to one view (decorator and mixin, say), the outer one does the work.
-        if getattr(request, _HANDLED, False):
-            return view()
-        setattr(request, _HANDLED, True)
-        started = time.perf_counter()
-        timed_view = TimedView(view)
-        decision = self._decide(request, timed_view, policy, view_request or request)
-        if decision is None:
-            return view()
-        duration = time.perf_counter() - started
-        report(decision, sender, view_request or request, duration, timed_view.seconds)
-        if decision.error is not None:
-            raise decision.error
-        assert decision.response is not None  # noqa: S101 - for the type checker
-        return decision.response
-
-    def _decide(
-        self,
-        request: HttpRequest,
-        view: Callable[[], HttpResponseBase],
-        policy: Policy,
-        view_request: Any,
-    ) -> Decision | None:
-        keyed = identify(request, view, policy, view_request)
-        if not isinstance(keyed, KeyedRequest):
-            return keyed  # a refusal; or None: no key, and the view does not require one
-        try:
-            return keyed.answered(self.run(keyed))
-        except DATABASE_UNAVAILABLE:
-            # In atomic mode the transaction was rolled back with the key; in lease mode the
-            # view's effect may have happened, and the key tells the retry so.
-            response = unavailable_response(rolled_back=policy.mode == "atomic")
-            return keyed.decision(Outcome.UNAVAILABLE, response)
-        except Exception as exc:  # reported, then re-raised by handle()
-            return keyed.decision(Outcome.NOT_STORED, None, error=exc)
 
     def run(self, operation: Operation[R]) -> Answer[R]:
         """Run ``operation``'s body at most once for its key, or answer as the run that did.

@@ -1,33 +1,28 @@
 """A view's request as the engine's operation, and what every HTTP adapter shares.
 
 The DRF mixin, the view decorator and Ninja each read the request their framework's way, then
-hand it here: the key is read and checked, the scope and fingerprint taken, and the request
-becomes a ``KeyedRequest`` that the engine runs. An asynchronous view crosses to the engine's
-thread and back in one place (``around_async``), and a database that fails before the key is
-looked at answers 503 in one place (``unavailable_is_503``).
+hand it to ``handle()``: the key is read and checked, the scope and fingerprint taken, the
+request becomes a ``KeyedRequest`` that the engine runs, and the decision is reported and
+answered. An asynchronous view crosses to the engine's thread and back in one place
+(``around_async``).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from asgiref.sync import async_to_sync, iscoroutinefunction, sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 
 from django_idempotency import problems
+from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.cache import ReplayCache
 from django_idempotency.core.fingerprint import LengthRequired, UnreadableBody, request_fingerprint
 from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
-from django_idempotency.core.outcomes import Decision, Outcome
-from django_idempotency.core.responses import (
-    DATABASE_UNAVAILABLE,
-    STATUS_HEADER,
-    capture,
-    replay_response,
-    unavailable_response,
-)
+from django_idempotency.core.outcomes import Decision, Outcome, report
+from django_idempotency.core.responses import STATUS_HEADER, capture, replay_response
+from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE, unavailable_response
 from django_idempotency.keys import REQUEST_ATTRIBUTE, InvalidKey, ScopedKey, parse_key
 from django_idempotency.scope import AnonymousRejected
 
@@ -36,11 +31,13 @@ if TYPE_CHECKING:
 
     from django.http import HttpRequest, HttpResponseBase
 
+    from django_idempotency.core.engine import Engine
     from django_idempotency.core.store import StoredResponse
     from django_idempotency.policy import Policy
 
 T = TypeVar("T")
-F = TypeVar("F", bound="Callable[..., Any]")
+
+_HANDLED = "_django_idempotency_handled"
 
 
 @dataclass
@@ -143,23 +140,17 @@ def identify(
     view: Callable[[], HttpResponseBase],
     policy: Policy,
     view_request: Any,
-) -> KeyedRequest | Decision | None:
-    """Read the request's key, scope and fingerprint, or the answer that refuses it; ``None``
-    when it has no key and the view does not require one."""
-    route = route_of(request)
-    key = _read_key(request, policy, route)
-    if not isinstance(key, str):
-        return key
+    *,
+    route: str,
+    key: str,
+) -> KeyedRequest | Decision:
+    """Take the scope and fingerprint of a request with ``key``, or the answer that refuses it."""
     try:
         scope = fit_scope(policy.scope_function(view_request, route))
     except AnonymousRejected:
         detail = f"Authenticate to send an {policy.header} header to this endpoint."
         response = problems.problem_response(problems.ANONYMOUS_REJECTED, detail)
         return Decision(Outcome.INVALID, response, key, route=route)
-    except DATABASE_UNAVAILABLE:
-        # Resolving the principal may be the request's first query (a lazy request.user).
-        response = unavailable_response(rolled_back=True)
-        return Decision(Outcome.UNAVAILABLE, response, key, route=route)
     try:
         fingerprint = request_fingerprint(request, route, policy.fingerprint_headers)
     except UnreadableBody as exc:
@@ -171,6 +162,74 @@ def identify(
     scoped = ScopedKey(key, scope)
     setattr(request, REQUEST_ATTRIBUTE, scoped)  # for keys.key_of(request), in the view
     return KeyedRequest(request, view, policy, view_request, scoped, route, fingerprint)
+
+
+def handle(
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    *,
+    engine: Engine,
+    policy: Policy,
+    sender: Any,
+    view_request: Any = None,
+) -> HttpResponseBase:
+    """Answer ``request``, calling ``view()`` at most once and only for a fresh key.
+
+    With the ``ENABLED`` setting off, call ``view()`` as if there were no key handling.
+
+    ``view_request`` is the request object the view sees (a DRF ``Request``): it is what the
+    scope function and signal receivers get.
+    """
+    if request.method not in policy.methods or not idempotency_settings.ENABLED:
+        return view()
+    # Applied twice to one view (decorator and mixin, say), the outer one does the work.
+    if getattr(request, _HANDLED, False):
+        return view()
+    setattr(request, _HANDLED, True)
+    started = time.perf_counter()
+    timed_view = TimedView(view)
+    decision = _decide(engine, request, timed_view, policy, view_request or request)
+    if decision is None:
+        return view()
+    duration = time.perf_counter() - started
+    report(decision, sender, view_request or request, duration, timed_view.seconds)
+    if decision.error is not None:
+        raise decision.error
+    assert decision.response is not None  # noqa: S101 - for the type checker
+    return decision.response
+
+
+def _decide(
+    engine: Engine,
+    request: HttpRequest,
+    view: Callable[[], HttpResponseBase],
+    policy: Policy,
+    view_request: Any,
+) -> Decision | None:
+    route = route_of(request)
+    key = _read_key(request, policy, route)
+    if not isinstance(key, str):
+        return key  # a refusal; or None: no key, and the view does not require one
+    keyed: KeyedRequest | Decision | None = None
+    try:
+        keyed = identify(request, view, policy, view_request, route=route, key=key)
+        if not isinstance(keyed, KeyedRequest):
+            return keyed  # a refusal
+        return keyed.answered(engine.run(keyed))
+    except DATABASE_UNAVAILABLE:
+        # The answer is the key's decision, reported with it. Before the key was claimed
+        # (resolving the principal may be the request's first query: a lazy request.user),
+        # nothing ran; in atomic mode the transaction was rolled back with the key; in lease
+        # mode the view's effect may have happened, and the key tells the retry so.
+        if not isinstance(keyed, KeyedRequest):
+            response = unavailable_response(rolled_back=True)
+            return Decision(Outcome.UNAVAILABLE, response, key, route=route)
+        response = unavailable_response(rolled_back=policy.mode == "atomic")
+        return keyed.decision(Outcome.UNAVAILABLE, response)
+    except Exception as exc:  # reported, then re-raised by handle()
+        if not isinstance(keyed, KeyedRequest):
+            raise
+        return keyed.decision(Outcome.NOT_STORED, None, error=exc)
 
 
 class TimedView:
@@ -202,27 +261,3 @@ async def around_async(
         async_to_sync(body)
     )
     return handled
-
-
-def unavailable_is_503(view: F) -> F:
-    """Answer a retryable 503 when the database fails around ``view`` (sync or async) before
-    the key is looked at: authentication queries it, after a failover say. Never a bare 500."""
-    if iscoroutinefunction(view):
-
-        @wraps(view)
-        async def async_view(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await view(*args, **kwargs)
-            except DATABASE_UNAVAILABLE:
-                return unavailable_response(rolled_back=False)
-
-        return async_view  # type: ignore[return-value] # the same signature
-
-    @wraps(view)
-    def sync_view(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return view(*args, **kwargs)
-        except DATABASE_UNAVAILABLE:
-            return unavailable_response(rolled_back=False)
-
-    return sync_view  # type: ignore[return-value] # the same signature

@@ -1,19 +1,13 @@
-"""What is stored of a response and how it is replayed; the answer when the database fails."""
+"""What is stored of a response and how it is replayed."""
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
-from django.db import InterfaceError, OperationalError, connections
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
-
-from django_idempotency import problems
 
 if TYPE_CHECKING:
     from django_idempotency.core.store import StoredResponse
-
-logger = logging.getLogger("django_idempotency")
 
 STATUS_HEADER = "Idempotency-Status"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -27,28 +21,6 @@ _UNSTORED_HEADERS = frozenset(
         "set-cookie", STATUS_HEADER.lower(), REPLAYED_HEADER.lower(),
     }
 )  # fmt: skip
-
-
-# Connection lost, server shutting down, deadlock, serialization failure: errors of the
-# database's operation rather than of the code, worth a retry.
-DATABASE_UNAVAILABLE = (OperationalError, InterfaceError)
-
-
-def unavailable_response(*, rolled_back: bool) -> HttpResponse:
-    """Log the current database error and answer 503 ``idempotency.unavailable``.
-
-    ``rolled_back`` says whether the engine's transaction held everything the view did, so
-    that the client can be told nothing was kept.
-    """
-    logger.warning("database unavailable", exc_info=True)
-    # Under ATOMIC_REQUESTS the request's own transaction is still open on a dead connection:
-    # mark it for rollback, or Django would try to commit it and answer 500 after all.
-    for connection in connections.all(initialized_only=True):
-        if connection.in_atomic_block:
-            connection.set_rollback(True)
-    detail = "The database could not complete the request"
-    detail += "; nothing was kept. Retry it." if rolled_back else ". Retry it."
-    return problems.problem_response(problems.UNAVAILABLE, detail)
 
 
 def capture(response: HttpResponseBase) -> tuple[list[tuple[str, str]], bytes]:

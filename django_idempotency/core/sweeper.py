@@ -1,13 +1,13 @@
 """The sweeper: settle the leases that ran out, asking each view's reconcile hook first.
 
 What a hook answers, and what becomes of the key, is told in ``django_idempotency.reconcile``.
-A per-view hook is found through the URL pattern that the key records, and the method, for a
-URL pattern that dispatches each method to its own operation (Django Ninja's).
+A per-view hook is the one its adapter registered (``core/hooks.py``) for the view of the URL
+pattern that the key records, and for its method where the view dispatches each method to its
+own operation (Django Ninja's).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import threading
@@ -19,6 +19,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings, resolve_callable
+from django_idempotency.core import hooks
 from django_idempotency.core.store import Claim, KeyStore, key_store
 from django_idempotency.reconcile import (
     ExpiredKey,
@@ -52,48 +53,11 @@ def _join(prefix: str, route: str) -> str:
     return prefix + (route[1:] if route.startswith("^") else route)
 
 
-def _hook_of(callback: Any) -> Any:
-    hook = getattr(callback, "idempotency_reconcile", None)
-    view_class = getattr(callback, "cls", None) or getattr(callback, "view_class", None)
-    if hook is None and view_class is not None:
-        hook = inspect.getattr_static(view_class, "idempotency_reconcile", None)
-        hook = hook.__func__ if isinstance(hook, staticmethod) else hook
-    return hook
-
-
-def ninja_operations(callback: Any) -> list[Any]:
-    """The operations of a Django Ninja path, one per method, behind its URL pattern's view.
-
-    Ninja's view is a closure over its ``PathView``: what else would tell the sweeper, which
-    serves no request, which function answers which method.
-    """
-    for cell in getattr(callback, "__closure__", None) or ():
-        try:
-            operations = getattr(cell.cell_contents, "operations", None)
-        except ValueError:  # an empty cell
-            continue
-        if isinstance(operations, list):
-            return operations
-    return []
-
-
-def _hooks_of(callback: Any) -> dict[str | None, Any]:
-    """A view's hooks by method; ``None`` for a hook that serves every method."""
-    if (hook := _hook_of(callback)) is not None:
-        return {None: hook}
-    return {
-        method: hook
-        for operation in ninja_operations(callback)
-        if (hook := getattr(operation.view_func, "idempotency_reconcile", None)) is not None
-        for method in operation.methods
-    }
-
-
 def hooks_by_route(
     urlconf: str | None = None,
 ) -> dict[tuple[str, str | None], Callable[[ExpiredKey], Result]]:
     """The per-view hooks of the project's URLconf, by the URL pattern a key records and its
-    method (``None``: any method)."""
+    method (``None``: any method), as the adapters registered them."""
     found: dict[tuple[str, str | None], Callable[[ExpiredKey], Result]] = {}
 
     def walk(patterns: Iterable[Any], prefix: str) -> None:
@@ -102,7 +66,7 @@ def hooks_by_route(
             if isinstance(pattern, URLResolver):
                 walk(pattern.url_patterns, route)
             elif isinstance(pattern, URLPattern):
-                for method, hook in _hooks_of(pattern.callback).items():
+                for method, hook in hooks.hooks_of(pattern.callback).items():
                     name = f"{route}: reconcile" if method is None else f"{method} {route}"
                     found.setdefault((route, method), resolve_callable(hook, name))
 

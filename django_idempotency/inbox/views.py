@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django import db
 from django.core.exceptions import ImproperlyConfigured, RequestDataTooBig
 from django.db import DataError, IntegrityError, transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
@@ -23,6 +22,7 @@ from django_idempotency.core.bodies import (
     max_json_depth,
 )
 from django_idempotency.core.text import storable
+from django_idempotency.core.unavailable import answers_unavailable
 from django_idempotency.inbox.processing import ProcessResult
 from django_idempotency.inbox.receiving import receive
 from django_idempotency.signing import SignatureError
@@ -36,6 +36,9 @@ logger = logging.getLogger("django_idempotency.inbox")
 
 
 @method_decorator(csrf_exempt, name="dispatch")
+# A database that is unavailable answers the retryable 503 that every view answers: the sender
+# delivers the event again.
+@method_decorator(answers_unavailable, name="dispatch")
 # The event is recorded in a commit of its own, before it is processed in transactions of its
 # own: under ATOMIC_REQUESTS a failed handler would roll the record back with it, and the
 # processing's row lock and effects would wait for the response.
@@ -147,11 +150,6 @@ class WebhookReceiverView(View):
             # no IntegrityError: the insert does nothing then.)
             return problems.problem_response(
                 problems.PAYLOAD_INVALID, "The payload cannot be stored."
-            )
-        except db.Error:  # any database failure: psycopg2's lost connection is no DatabaseError
-            logger.exception("could not record a %s webhook", self.source)
-            return problems.problem_response(
-                problems.UNAVAILABLE, "The event was not recorded; deliver it again."
             )
         if receipt.conflict:
             return problems.problem_response(

@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.urls import URLResolver, get_resolver
 
-from django_idempotency.core.sweeper import ninja_operations
 from django_idempotency.policy import SETTING_OF
 
 if TYPE_CHECKING:
@@ -64,8 +63,13 @@ def idempotent_views(
 
 def idempotent_operations(patterns: Iterable[Any]) -> Iterator[tuple[Any, str, dict[str, Any]]]:
     """Each Django Ninja operation under ``@idempotent``: its function, name and options."""
+    # The adapter's module is imported by the project's operations if any uses it; Ninja is
+    # optional.
+    ninja = sys.modules.get("django_idempotency.ninja")
+    if ninja is None:
+        return
     for callback in callbacks(patterns):
-        for operation in ninja_operations(callback):
+        for operation in ninja.ninja_operations(callback):
             function = operation.view_func
             options = getattr(function, "idempotency_options", None)
             if options is not None:
