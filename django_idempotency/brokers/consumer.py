@@ -45,13 +45,12 @@ from django_idempotency.brokers.transports import (
     tolerant_frame_handler,
 )
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import optional
+from django_idempotency.core import correlation, optional
 from django_idempotency.core.text import mended
 from django_idempotency.core.transactions import CommitWatch
 from django_idempotency.inbox.processing import dispatch
 from django_idempotency.inbox.receiving import Receipt, receive, record_failed_attempt, refuse
 from django_idempotency.models import InboxEvent
-from django_idempotency.operations import correlation
 from django_idempotency.queue.backoff import exponential_bound
 
 with optional.requires("brokers", __name__):
