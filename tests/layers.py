@@ -50,6 +50,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
             "core.middleware",
             "core.optional",
             "core.correlation",
+            "core.deprecation",
             "core.bodies",
             "core.fingerprint",
             "core.responses",

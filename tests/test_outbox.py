@@ -27,12 +27,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import guard, signals, tasks
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox import StandardWebhooksSignature
 from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
-    PermanentError,
     WebhookDispatcher,
     outbox_dispatcher,
     publish,

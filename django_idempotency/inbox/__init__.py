@@ -6,7 +6,9 @@ Subclass :class:`WebhookReceiverView` for each sender, register handlers with
 
 from __future__ import annotations
 
-from django_idempotency.exceptions import PermanentError
+from typing import TYPE_CHECKING
+
+from django_idempotency.core import deprecation
 from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler, register_handler
 from django_idempotency.inbox.processing import (
     ProcessResult,
@@ -31,7 +33,6 @@ __all__ = [
     "ANY_TYPE",
     "GitHubSignature",
     "HMACVerifier",
-    "PermanentError",
     "ProcessResult",
     "Receipt",
     "SignatureError",
@@ -48,3 +49,9 @@ __all__ = [
     "reprocess",
     "retry_now",
 ]
+
+if TYPE_CHECKING:
+    from django_idempotency.exceptions import PermanentError  # noqa: F401 - deprecated here
+else:
+    # Its one home is django_idempotency.exceptions.
+    __getattr__ = deprecation.moved(__name__, {"PermanentError": "django_idempotency.exceptions"})

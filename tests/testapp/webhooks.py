@@ -7,10 +7,10 @@ import time
 from django.conf import settings
 from django.db import OperationalError, connection
 
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox import (
     ANY_TYPE,
     GitHubSignature,
-    PermanentError,
     StandardWebhooksSignature,
     StripeSignature,
     WebhookReceiverView,
