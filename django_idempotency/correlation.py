@@ -1,8 +1,9 @@
 """Correlation ids: the middleware, the log filter and the current id, under the names the
 settings refer to (``MIDDLEWARE``, ``LOGGING``).
 
-They live in the core (``core/correlation.py``), where the inbox, the outbox, the client and
-the engine's reports read the id without importing anything above them.
+This module is their one public path. They live in the core (``core/correlation.py``), where
+the inbox, the outbox, the client and the engine's reports read the id without importing
+anything above them.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         "ground: settings, signals, exceptions, keys, problems, policies",
         (
             ".",
+            "backoff",
             "conf",
             "exceptions",
             "signals",
