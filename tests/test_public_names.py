@@ -72,13 +72,8 @@ PUBLIC: dict[str, set[str]] = {
     "guard": {"RetryGuardMiddleware", "current", "remaining", "retries_allowed"},
     "inbox": {
         "ANY_TYPE",
-        "GitHubSignature",
-        "HMACVerifier",
         "ProcessResult",
         "Receipt",
-        "SignatureError",
-        "StandardWebhooksSignature",
-        "StripeSignature",
         "Verifier",
         "WebhookReceiverView",
         "dispatch_due",
@@ -158,7 +153,14 @@ PUBLIC: dict[str, set[str]] = {
 # Paths kept for a while under the deprecation policy: module -> {name: the name's one home}.
 # Each warns, still works, and is listed on the API page with the release that removes it.
 DEPRECATED: dict[str, dict[str, str]] = {
-    "inbox": {"PermanentError": "exceptions"},
+    "inbox": {
+        "GitHubSignature": "signing",
+        "HMACVerifier": "signing",
+        "PermanentError": "exceptions",
+        "SignatureError": "signing",
+        "StandardWebhooksSignature": "signing",
+        "StripeSignature": "signing",
+    },
     "outbox": {"PermanentError": "exceptions"},
 }
 
@@ -278,3 +280,19 @@ def test_each_deprecated_path_warns_and_still_works(module, name, home):
 def test_a_deprecated_module_answers_no_other_name():
     with pytest.raises(AttributeError, match="no_such_name"):
         importlib.import_module("django_idempotency.inbox").no_such_name  # noqa: B018
+
+
+# Where a name's two homes are real: each framework's module offers the media type of its
+# problems, and neither may import the other (each framework is an optional extra).
+TWO_HOMES = {"PROBLEM_MEDIA_TYPE": {"ninja", "openapi"}}
+
+
+def test_each_public_name_has_one_home():
+    homes: dict[tuple[str, int], set[str]] = {}
+    for module, names in PUBLIC.items():
+        imported = importlib.import_module(f"django_idempotency.{module}")
+        for name in names:
+            homes.setdefault((name, id(getattr(imported, name))), set()).add(module)
+    # Two objects under one name (decorators.idempotent and ninja.idempotent) are two names.
+    shared = {name: modules for (name, _), modules in homes.items() if len(modules) > 1}
+    assert shared == TWO_HOMES

@@ -8,14 +8,8 @@ from django.conf import settings
 from django.db import OperationalError, connection
 
 from django_idempotency.exceptions import PermanentError
-from django_idempotency.inbox import (
-    ANY_TYPE,
-    GitHubSignature,
-    StandardWebhooksSignature,
-    StripeSignature,
-    WebhookReceiverView,
-    inbox_handler,
-)
+from django_idempotency.inbox import ANY_TYPE, WebhookReceiverView, inbox_handler
+from django_idempotency.signing import GitHubSignature, StandardWebhooksSignature, StripeSignature
 from tests.testapp.models import Refund
 
 
