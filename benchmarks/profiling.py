@@ -183,7 +183,7 @@ class Client:
             from django.conf import settings  # noqa: PLC0415
 
             from benchmarks.minimal.bench import SCENARIOS as MINIMAL  # noqa: PLC0415
-            from django_idempotency.inbox import StripeSignature  # noqa: PLC0415
+            from django_idempotency.signing import StripeSignature  # noqa: PLC0415
 
             self.scenarios = MINIMAL
             self.sign = StripeSignature([settings.WEBHOOK_SECRET]).sign

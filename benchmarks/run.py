@@ -302,7 +302,7 @@ def signer() -> Any:
     django.setup()
     from django.conf import settings  # noqa: PLC0415
 
-    from django_idempotency.inbox import StripeSignature  # noqa: PLC0415
+    from django_idempotency.signing import StripeSignature  # noqa: PLC0415
 
     return StripeSignature(settings.PROVIDER_WEBHOOK_SECRETS)
 

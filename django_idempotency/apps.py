@@ -3,6 +3,7 @@ from __future__ import annotations
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.core import tables
 from django_idempotency.core.optional import installed
 
 
@@ -13,6 +14,11 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         from django.core.signals import request_started  # noqa: PLC0415
+
+        from django_idempotency.models import IdempotencyKey  # noqa: PLC0415 - needs the registry
+
+        # The core works on the key table without importing the models, which sit above it.
+        tables.hand_in(keys=IdempotencyKey)
 
         from django_idempotency.operations import checks  # noqa: PLC0415 - registers the checks
 

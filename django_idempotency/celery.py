@@ -36,12 +36,11 @@ from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotency import signals
 from django_idempotency.conf import TASK_METHOD, checked, idempotency_settings
-from django_idempotency.core import canonical, optional
+from django_idempotency.core import canonical, correlation, optional
 from django_idempotency.core.engine import default_engine
 from django_idempotency.core.operation import Operation, Record, fit_scope
 from django_idempotency.core.outcomes import Outcome
 from django_idempotency.keys import MAX_LENGTH, ScopedKey
-from django_idempotency.operations import correlation
 
 __all__ = [
     "TaskInProgress",

@@ -1,6 +1,7 @@
 """The engine's public name: tests inject a clock or a store into an ``Engine`` of their own.
 
-The engine lives in ``django_idempotency.core``, with what it is built of.
+This module is the name's one public path. The engine lives in ``django_idempotency.core``,
+with what it is built of, where the adapters reach it without climbing to this floor.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Prometheus metrics: what a project that serves its own registry needs (``metrics`` extra).
 
-The metrics themselves are registered when Django starts; they live in
-``django_idempotency.operations``, with the correlation ids and the tracing.
+This module is the name's one public path. The metrics themselves are registered when Django
+starts; they live in ``django_idempotency.operations``, with the system checks and the tracing.
 """
 
 from __future__ import annotations

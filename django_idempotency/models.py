@@ -7,8 +7,10 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotency.core.tables import ROUTE_LENGTH, SCOPE_LENGTH
+
 # The managers work on the model they manage, and import nothing of this module.
-from django_idempotency.core.lifecycle import (
+from django_idempotency.managers import (
     IdempotencyKeyManager,
     InboxEventQuerySet,
     OutboxMessageQuerySet,
@@ -55,12 +57,12 @@ class IdempotencyKey(models.Model):
     id = models.BigAutoField(primary_key=True)
     scope = models.CharField(
         _("scope"),
-        max_length=512,
+        max_length=SCOPE_LENGTH,
         help_text=_("Who sent the key and to which operation: principal, method and route."),
     )
     key = models.CharField(_("key"), max_length=255)
     method = models.CharField(_("method"), max_length=10)
-    route = models.CharField(_("route"), max_length=512, help_text=_("The URL pattern."))
+    route = models.CharField(_("route"), max_length=ROUTE_LENGTH, help_text=_("The URL pattern."))
     fingerprint = models.CharField(
         _("fingerprint"), max_length=64, help_text=_("SHA-256 of the request.")
     )

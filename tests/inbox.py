@@ -8,7 +8,7 @@ import uuid
 from django.conf import settings
 from django.test import Client
 
-from django_idempotency.inbox import StandardWebhooksSignature
+from django_idempotency.signing import StandardWebhooksSignature
 
 
 def refund_event(event_id=None, amount=500, **data):

@@ -21,7 +21,7 @@ django.setup()
 from celery import Celery  # noqa: E402
 
 from django_idempotency.celery import idempotent_task  # noqa: E402
-from django_idempotency.operations.correlation import get_correlation_id  # noqa: E402
+from django_idempotency.core.correlation import get_correlation_id  # noqa: E402
 from tests.testapp.models import Refund  # noqa: E402
 
 REDIS_URL = f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CELERY_DB', '14')}"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.queue.backoff import (
+from django_idempotency.backoff import (
     decorrelated_jitter,
     equal_jitter,
     exponential_bound,

@@ -29,12 +29,12 @@ from kombu import Connection, Exchange, Queue, binding
 from django_idempotency.brokers import BrokerDispatcher, MessageConsumer, consume, handle
 from django_idempotency.brokers import consumer as consumer_module
 from django_idempotency.brokers.consumer import NO_MESSAGE_ID
+from django_idempotency.core import correlation
 from django_idempotency.inbox import receive
 from django_idempotency.inbox import receiving as inbox_receiving
 from django_idempotency.inbox.handlers import ANY_TYPE, register_handler, unregister
 from django_idempotency.inbox.receiving import delivery_counts, payload_hash
 from django_idempotency.models import InboxEvent, OutboxMessage
-from django_idempotency.operations import correlation
 from django_idempotency.outbox import DispatchError, publish, register_dispatcher, relay
 from django_idempotency.outbox.dispatchers import unregister as unregister_dispatcher
 from tests.blackbox.brokers import answers

@@ -25,12 +25,12 @@ from django_idempotency.celery import (
     idempotent_task,
 )
 from django_idempotency.core import canonical
+from django_idempotency.core.correlation import get_correlation_id
 from django_idempotency.core.engine import Engine
 from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.store import KeyStore
 from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
-from django_idempotency.operations.correlation import get_correlation_id
 from django_idempotency.policy import Policy
 from tests.factories import IdempotencyKeyFactory
 from tests.task_worker import refund

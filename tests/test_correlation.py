@@ -13,17 +13,17 @@ from django.test import RequestFactory, override_settings
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from django_idempotency.core.outcomes import _problem_code
-from django_idempotency.decorators import idempotent
-from django_idempotency.inbox.processing import process
-from django_idempotency.models import InboxEvent, OutboxMessage
-from django_idempotency.operations.correlation import (
+from django_idempotency.core.correlation import (
     CorrelationIdFilter,
     CorrelationIdMiddleware,
     bind,
     from_headers,
     get_correlation_id,
 )
+from django_idempotency.core.outcomes import _problem_code
+from django_idempotency.decorators import idempotent
+from django_idempotency.inbox.processing import process
+from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import publish
 from django_idempotency.outbox import relaying as outbox_relay
 from tests.factories import InboxEventFactory
@@ -32,7 +32,7 @@ from tests.testapp import urls as testapp_urls
 
 WITH_MIDDLEWARE = override_settings(
     MIDDLEWARE=[
-        "django_idempotency.operations.correlation.CorrelationIdMiddleware",
+        "django_idempotency.core.correlation.CorrelationIdMiddleware",
         "django.contrib.sessions.middleware.SessionMiddleware",
         "django.contrib.auth.middleware.AuthenticationMiddleware",
         "django.contrib.messages.middleware.MessageMiddleware",

@@ -79,7 +79,7 @@ def python_blocks(page: Path) -> list[str]:
 
 def test_the_inbox_senders_example_signs_a_delivery_as_a_plain_script():
     """The sender example runs as it is, without Django settings, and its delivery verifies."""
-    (script,) = [b for b in python_blocks(DOCS / "inbox.md") if "django_idempotency.signing" in b]
+    (script,) = [b for b in python_blocks(DOCS / "inbox.md") if "signer.sign(" in b]
     received: list[tuple[dict[str, str], bytes]] = []
 
     class Receiver(BaseHTTPRequestHandler):

@@ -17,6 +17,7 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import signals, tasks
+from django_idempotency.backoff import exponential_bound
 from django_idempotency.inbox import (
     ANY_TYPE,
     ProcessResult,
@@ -34,7 +35,6 @@ from django_idempotency.inbox import receiving as inbox_receiving
 from django_idempotency.inbox.handlers import get_handler, unregister
 from django_idempotency.inbox.processing import DISPATCH_GRACE
 from django_idempotency.models import InboxEvent
-from django_idempotency.queue.backoff import exponential_bound
 from tests.factories import InboxEventFactory
 from tests.inbox import deliver, refund_event
 from tests.test_store import in_threads

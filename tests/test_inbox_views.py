@@ -16,15 +16,10 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import DEFAULTS
-from django_idempotency.inbox import (
-    GitHubSignature,
-    StandardWebhooksSignature,
-    StripeSignature,
-    WebhookReceiverView,
-    views,
-)
+from django_idempotency.inbox import WebhookReceiverView, views
 from django_idempotency.inbox import processing as inbox_processing
 from django_idempotency.models import InboxEvent
+from django_idempotency.signing import GitHubSignature, StandardWebhooksSignature, StripeSignature
 from tests.conftest import send_chunked
 from tests.inbox import deliver, refund_event
 from tests.testapp.models import Refund

@@ -1,5 +1,5 @@
-"""The package's layout: no module imports itself back, none is too long to read, and each
-optional framework stays in the modules built on it.
+"""The package's layout: no module imports itself back nor any module of a floor above its own,
+none is too long to read, and each optional framework stays in the modules built on it.
 
 grimp reads every import statement, those inside functions too, so a circle that a lazy import
 hides is still a circle here.
@@ -10,20 +10,17 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import grimp
 import pytest
 
 import django_idempotency
+from tests import layers
 
 PACKAGE = "django_idempotency"
 
 
 @pytest.fixture(scope="module")
 def graph():
-    # Imports under TYPE_CHECKING never run: two modules may name each other's types.
-    return grimp.build_graph(
-        PACKAGE, include_external_packages=True, exclude_type_checking_imports=True, cache_dir=None
-    )
+    return layers.build_graph()
 
 
 def test_no_module_imports_itself_back(graph):
@@ -35,6 +32,25 @@ def test_no_module_imports_itself_back(graph):
         if graph.chain_exists(importer=imported, imported=importer)
     ]
     assert cycles == []
+
+
+def test_no_import_runs_back_up_a_floor(graph):
+    # The floors of tests/layers.py, lowest first: a module imports its own floor or below.
+    # `python -m tests.layers` prints the whole picture.
+    assert [(arrow.importer, arrow.imported) for arrow in layers.back_up(graph)] == []
+
+
+def test_every_module_is_on_a_floor_and_in_a_room(graph):
+    assert all(layers.room_of(module) for module in layers.modules(graph))
+
+
+def test_a_registry_look_up_counts_as_an_arrow_to_the_models(graph, monkeypatch):
+    monkeypatch.setattr(layers, "registry_lookups", lambda: [f"{PACKAGE}.core.engine"])
+    assert layers.Arrow(f"{PACKAGE}.core.engine", f"{PACKAGE}.models") in layers.back_up(graph)
+
+
+def test_the_picture_prints_its_totals(graph):
+    assert "arrows back up" in layers.picture(graph).splitlines()[-1]
 
 
 def test_celery_is_imported_by_the_two_modules_built_on_it(graph):
@@ -55,14 +71,15 @@ def test_the_openapi_contract_imports_neither_framework(graph):
     assert f"{PACKAGE}.conf" in imported  # the graph does see what it imports
 
 
-def test_the_models_import_only_their_managers(graph):
+def test_the_models_import_only_their_managers_and_column_lengths(graph):
     # The managers (purges, the lease sweep) work on the model they manage: the store, the
     # statements and the sweeper under them never import the models back.
     imported = graph.find_modules_directly_imported_by(f"{PACKAGE}.models")
     assert {module for module in imported if module.startswith(PACKAGE)} == {
-        f"{PACKAGE}.core.lifecycle"
+        f"{PACKAGE}.managers",
+        f"{PACKAGE}.core.tables",
     }
-    assert f"{PACKAGE}.models" not in graph.find_upstream_modules(f"{PACKAGE}.core.lifecycle")
+    assert f"{PACKAGE}.models" not in graph.find_upstream_modules(f"{PACKAGE}.managers")
 
 
 def test_no_module_looks_the_package_s_models_up_by_name():

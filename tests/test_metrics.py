@@ -76,7 +76,7 @@ def test_inbox_steps_are_counted_by_source():
 
 
 def test_refused_deliveries_are_counted_by_source_and_reason():
-    from django_idempotency.inbox import StandardWebhooksSignature  # noqa: PLC0415
+    from django_idempotency.signing import StandardWebhooksSignature  # noqa: PLC0415
 
     def count(reason):
         return sample("django_idempotency_inbox_refused_total", source="tests", reason=reason)

@@ -27,12 +27,12 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency import guard, signals, tasks
-from django_idempotency.inbox import StandardWebhooksSignature
+from django_idempotency.backoff import exponential_bound
+from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
-    PermanentError,
     WebhookDispatcher,
     outbox_dispatcher,
     publish,
@@ -42,7 +42,7 @@ from django_idempotency.outbox import (
 )
 from django_idempotency.outbox import relaying as outbox_relay
 from django_idempotency.outbox.dispatchers import get_dispatcher, unregister
-from django_idempotency.queue.backoff import exponential_bound
+from django_idempotency.signing import StandardWebhooksSignature
 from tests.conftest import process_env, start_command, stop_commands
 from tests.factories import OutboxMessageFactory
 from tests.test_store import in_threads

@@ -13,7 +13,8 @@ from rest_framework import serializers, viewsets
 from benchmarks.minimal.models import Payment
 from benchmarks.naive import naive_idempotent, naive_webhook
 from django_idempotency.drf import IdempotentMixin
-from django_idempotency.inbox import StripeSignature, WebhookReceiverView, inbox_handler
+from django_idempotency.inbox import WebhookReceiverView, inbox_handler
+from django_idempotency.signing import StripeSignature
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, JsonResponse

@@ -36,6 +36,7 @@ from django import db
 from django.db import router, transaction
 
 from django_idempotency import signals
+from django_idempotency.backoff import exponential_bound
 from django_idempotency.brokers.messages import NO_MESSAGE_ID, Delivery, kept, read
 from django_idempotency.brokers.transports import (
     AMQP_SCHEMES,
@@ -45,14 +46,12 @@ from django_idempotency.brokers.transports import (
     tolerant_frame_handler,
 )
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import optional
+from django_idempotency.core import correlation, optional
 from django_idempotency.core.text import mended
 from django_idempotency.core.transactions import CommitWatch
 from django_idempotency.inbox.processing import dispatch
 from django_idempotency.inbox.receiving import Receipt, receive, record_failed_attempt, refuse
 from django_idempotency.models import InboxEvent
-from django_idempotency.operations import correlation
-from django_idempotency.queue.backoff import exponential_bound
 
 with optional.requires("brokers", __name__):
     from kombu import Connection

@@ -14,7 +14,8 @@ does not wait past the caller's deadline. It tells the services it calls the sam
 
 The loop is tenacity's; this package supplies its retry, wait and stop decisions. The httpx
 transports are defined only if httpx is installed, the requests adapter only if requests is.
-Everything public is imported from here; the modules behind it are private.
+Everything public is imported from here, its one import path; the modules behind it are private,
+and each class and function names the one that defines it (``__module__``), as Django's do.
 """
 
 from __future__ import annotations
@@ -87,14 +88,6 @@ _NEEDS: Final = {
     "RetryAdapter": "requests",
     "retrying_session": "requests",
 }
-
-# Public names keep the package as their home, as when it was one module: in reprs, pickles and
-# error messages, and so that none of them depends on how the package is laid out.
-for _name in __all__:
-    _value = globals().get(_name)
-    if callable(_value):  # a class or a function, not a constant
-        _value.__module__ = __name__
-del _name, _value
 
 if not TYPE_CHECKING:  # a module __getattr__ would make every name type-check
 

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Final, Literal
 
+from django_idempotency.backoff import decorrelated_jitter, equal_jitter, full_jitter
 from django_idempotency.client._breaker import SHARED_BREAKERS, CircuitBreakers
 from django_idempotency.client._budgets import SHARED_BUDGETS, RetryBudgets
-from django_idempotency.queue.backoff import decorrelated_jitter, equal_jitter, full_jitter
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, TypeVar
 from django_idempotency import guard
 from django_idempotency.client._operation import Operation
 from django_idempotency.client._policy import IDEMPOTENT_METHODS, KEYED_METHODS
-from django_idempotency.operations import correlation
+from django_idempotency.core import correlation
 
 if TYPE_CHECKING:
     from collections.abc import Callable, MutableMapping

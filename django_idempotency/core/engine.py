@@ -36,12 +36,14 @@ from django_idempotency.core.store import (
     StoredResponse,
     key_store,
 )
+from django_idempotency.core.tables import key_model
 from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE
-from django_idempotency.models import IdempotencyKey
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from datetime import datetime
+
+    from django.db.models import Model
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -86,8 +88,9 @@ def _settled(operation: Operation[R], found: StoredResponse | Conflict) -> Answe
 class Engine:
     """Claim → execute → store, or replay.
 
-    ``clock``, ``leases`` and ``store`` are injectable for tests; without a store, each
-    operation uses the database that the project's routers choose for writing keys.
+    ``clock``, ``leases`` and ``store`` are injectable for tests. Without a store, each
+    operation uses ``model``'s table on the database that the project's routers choose for
+    writing it; without a model, the key table that the app config handed to the core.
     """
 
     def __init__(
@@ -95,10 +98,12 @@ class Engine:
         clock: Callable[[], datetime] = timezone.now,
         leases: LeaseKeeper = default_leases,
         store: KeyStore | None = None,
+        model: type[Model] | None = None,
     ) -> None:
         self.clock = clock
         self.leases = leases
         self.store = store
+        self.model = model
 
     def run(self, operation: Operation[R]) -> Answer[R]:
         """Run ``operation``'s body at most once for its key, or answer as the run that did.
@@ -116,12 +121,16 @@ class Engine:
                 )
                 if cached is not None:
                     return Answer(Outcome.REPLAYED, operation.decode(cached))
-            store = self.store or key_store(IdempotencyKey, router.db_for_write(IdempotencyKey))
+            store = self.store or self._store()
             if operation.mode == "lease":
                 return self._execute_lease(operation, store)
             return self._execute(operation, store)
         except KeyBusy:
             return Answer(Outcome.IN_PROGRESS)
+
+    def _store(self) -> KeyStore:
+        model = self.model or key_model()
+        return key_store(model, router.db_for_write(model))
 
     def _replayed(self, operation: Operation[R], store: KeyStore) -> Answer[R] | None:
         """The answer of a run that completed with the key, or the refusal of a different

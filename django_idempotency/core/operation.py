@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
 from django_idempotency.core.store import NewKey
-from django_idempotency.models import IdempotencyKey
+from django_idempotency.core.tables import ROUTE_LENGTH, SCOPE_LENGTH
 
 if TYPE_CHECKING:
     from datetime import datetime, timedelta
@@ -25,8 +25,6 @@ if TYPE_CHECKING:
     from django_idempotency.core.store import StoredResponse
     from django_idempotency.keys import ScopedKey
 
-SCOPE_LENGTH = IdempotencyKey._meta.get_field("scope").max_length or 0
-ROUTE_LENGTH = IdempotencyKey._meta.get_field("route").max_length or 0
 
 R = TypeVar("R")
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from django.dispatch import Signal
 
 from django_idempotency import signals
-from django_idempotency.operations.correlation import LOG_FIELD, from_headers, get_correlation_id
+from django_idempotency.core.correlation import LOG_FIELD, from_headers, get_correlation_id
 
 if TYPE_CHECKING:
     from django.http import HttpResponseBase

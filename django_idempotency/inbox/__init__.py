@@ -6,7 +6,9 @@ Subclass :class:`WebhookReceiverView` for each sender, register handlers with
 
 from __future__ import annotations
 
-from django_idempotency.exceptions import PermanentError
+from typing import TYPE_CHECKING
+
+from django_idempotency.core import deprecation
 from django_idempotency.inbox.handlers import ANY_TYPE, inbox_handler, register_handler
 from django_idempotency.inbox.processing import (
     ProcessResult,
@@ -19,24 +21,11 @@ from django_idempotency.inbox.processing import (
 from django_idempotency.inbox.receiving import Receipt, receive
 from django_idempotency.inbox.verifiers import Verifier
 from django_idempotency.inbox.views import WebhookReceiverView
-from django_idempotency.signing import (
-    GitHubSignature,
-    HMACVerifier,
-    SignatureError,
-    StandardWebhooksSignature,
-    StripeSignature,
-)
 
 __all__ = [
     "ANY_TYPE",
-    "GitHubSignature",
-    "HMACVerifier",
-    "PermanentError",
     "ProcessResult",
     "Receipt",
-    "SignatureError",
-    "StandardWebhooksSignature",
-    "StripeSignature",
     "Verifier",
     "WebhookReceiverView",
     "dispatch_due",
@@ -48,3 +37,25 @@ __all__ = [
     "reprocess",
     "retry_now",
 ]
+
+# Deprecated here: each name's one home is the module it maps to.
+_MOVED = {
+    "PermanentError": "django_idempotency.exceptions",
+    "GitHubSignature": "django_idempotency.signing",
+    "HMACVerifier": "django_idempotency.signing",
+    "SignatureError": "django_idempotency.signing",
+    "StandardWebhooksSignature": "django_idempotency.signing",
+    "StripeSignature": "django_idempotency.signing",
+}
+
+if TYPE_CHECKING:
+    from django_idempotency.exceptions import PermanentError  # noqa: F401
+    from django_idempotency.signing import (  # noqa: F401
+        GitHubSignature,
+        HMACVerifier,
+        SignatureError,
+        StandardWebhooksSignature,
+        StripeSignature,
+    )
+else:
+    __getattr__ = deprecation.moved(__name__, _MOVED)

@@ -33,12 +33,11 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import task_sending
+from django_idempotency.core import correlation, task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
 from django_idempotency.core.transactions import CommitWatch, write_transaction
 from django_idempotency.inbox.handlers import get_handler, handles_source
 from django_idempotency.models import InboxEvent
-from django_idempotency.operations import correlation
 from django_idempotency.queue.attempts import (
     JobTable,
     claim,

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from django_idempotency import signals
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import canonical
+from django_idempotency.core import canonical, correlation
 from django_idempotency.core.counting import DeferredCounts
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.inbox.processing import (
@@ -43,7 +43,6 @@ from django_idempotency.inbox.statements import (
     write_deliveries,
 )
 from django_idempotency.models import InboxEvent
-from django_idempotency.operations import correlation
 from django_idempotency.queue.schedule import RetrySchedule
 
 if TYPE_CHECKING:

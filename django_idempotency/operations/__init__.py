@@ -1,1 +1,1 @@
-"""Running the package in production: system checks, metrics, tracing and correlation ids."""
+"""Running the package in production: system checks, metrics and tracing."""

@@ -6,7 +6,9 @@ and schedule the periodic relay (or ``manage.py idempotency_outbox``).
 
 from __future__ import annotations
 
-from django_idempotency.exceptions import PermanentError
+from typing import TYPE_CHECKING
+
+from django_idempotency.core import deprecation
 from django_idempotency.outbox.dispatchers import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
@@ -24,7 +26,6 @@ __all__ = [
     "CeleryTaskDispatcher",
     "DispatchError",
     "PermanentDispatchError",
-    "PermanentError",
     "RelayResult",
     "WebhookDispatcher",
     "envelope",
@@ -34,3 +35,9 @@ __all__ = [
     "register_dispatcher",
     "relay",
 ]
+
+if TYPE_CHECKING:
+    from django_idempotency.exceptions import PermanentError  # noqa: F401 - deprecated here
+else:
+    # Its one home is django_idempotency.exceptions.
+    __getattr__ = deprecation.moved(__name__, {"PermanentError": "django_idempotency.exceptions"})

@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 from django.core.exceptions import ImproperlyConfigured
 from django.core.serializers.json import DjangoJSONEncoder
 
-from django_idempotency.core import optional, task_sending
+from django_idempotency.core import correlation, optional, task_sending
 from django_idempotency.exceptions import PermanentError
-from django_idempotency.operations import correlation
 from django_idempotency.signing import StandardWebhooksSignature
 
 if TYPE_CHECKING:

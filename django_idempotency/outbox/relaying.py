@@ -30,12 +30,11 @@ from django.utils import timezone
 
 from django_idempotency import guard
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.core import task_sending
+from django_idempotency.core import correlation, task_sending
 from django_idempotency.core.outcomes import report_retry, state_change
 from django_idempotency.core.transactions import write_transaction
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
-from django_idempotency.operations import correlation
 from django_idempotency.outbox.dispatchers import get_dispatcher
 from django_idempotency.queue.attempts import (
     JobTable,

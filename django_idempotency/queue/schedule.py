@@ -13,10 +13,10 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from django_idempotency.backoff import full_jitter
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.text import mended
 from django_idempotency.exceptions import PermanentError
-from django_idempotency.queue.backoff import full_jitter
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping

@@ -14,7 +14,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
-from django_idempotency.inbox import StripeSignature
+from django_idempotency.signing import StripeSignature
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -13,13 +13,9 @@ import time
 from django.conf import settings
 
 from django_idempotency.client import RetryPolicy
-from django_idempotency.inbox import (
-    StandardWebhooksSignature,
-    StripeSignature,
-    WebhookReceiverView,
-    inbox_handler,
-)
+from django_idempotency.inbox import WebhookReceiverView, inbox_handler
 from django_idempotency.outbox import WebhookDispatcher, register_dispatcher
+from django_idempotency.signing import StandardWebhooksSignature, StripeSignature
 from payments.models import CustomerNotice, ProviderStatus, ReceiptEmail, Refund
 
 HANDLER_DELAY = float(os.environ.get("EXAMPLE_INBOX_HANDLER_DELAY", "0"))

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from django_idempotency.inbox import StandardWebhooksSignature, StripeSignature
+from django_idempotency.signing import StandardWebhooksSignature, StripeSignature
 from tests.blackbox.harness import (
     PAYMENT_EVENTS_SECRET,
     PROBLEM,

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from django_idempotency.inbox import StripeSignature
+from django_idempotency.signing import StripeSignature
 from tests.blackbox.harness import PROVIDER_SECRET, wait_for
 
 pytestmark = pytest.mark.sqlite

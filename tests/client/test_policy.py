@@ -11,6 +11,7 @@ import random
 import httpx
 import pytest
 
+from django_idempotency.backoff import exponential_bound
 from django_idempotency.client import (
     RETRYABLE_STATUSES,
     CircuitBreakers,
@@ -20,7 +21,6 @@ from django_idempotency.client import (
     retrying_session,
 )
 from django_idempotency.client._policy import parse_retry_after
-from django_idempotency.queue.backoff import exponential_bound
 from tests.client.helpers import KINDS, WALL, answer, call, make_policy
 
 # --- what is retried --------------------------------------------------------------------------

@@ -98,7 +98,7 @@ def test_a_method_of_unknown_semantics_is_not_retried(kind, server, fake):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_current_correlation_id_goes_to_the_service_below(kind, server, fake):
-    from django_idempotency.operations.correlation import bind  # noqa: PLC0415
+    from django_idempotency.core.correlation import bind  # noqa: PLC0415
 
     server.script.extend([answer(503)])
     with bind("corr-7"):

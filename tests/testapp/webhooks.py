@@ -7,15 +7,9 @@ import time
 from django.conf import settings
 from django.db import OperationalError, connection
 
-from django_idempotency.inbox import (
-    ANY_TYPE,
-    GitHubSignature,
-    PermanentError,
-    StandardWebhooksSignature,
-    StripeSignature,
-    WebhookReceiverView,
-    inbox_handler,
-)
+from django_idempotency.exceptions import PermanentError
+from django_idempotency.inbox import ANY_TYPE, WebhookReceiverView, inbox_handler
+from django_idempotency.signing import GitHubSignature, StandardWebhooksSignature, StripeSignature
 from tests.testapp.models import Refund
 
 

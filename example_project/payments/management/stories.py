@@ -18,9 +18,9 @@ from kombu import Connection, Exchange, Queue, binding
 from django_idempotency import signals
 from django_idempotency.brokers import BrokerDispatcher, MessageConsumer
 from django_idempotency.conf import idempotency_settings
-from django_idempotency.inbox import StripeSignature
 from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
+from django_idempotency.signing import StripeSignature
 from payments import provider
 from payments.management.storytelling import (
     CHARGES,

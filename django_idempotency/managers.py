@@ -1,8 +1,10 @@
-"""What the tables' managers do in bulk: purge what is done with, and sweep expired leases.
+"""The models' managers: what the tables do in bulk, purge what is done with and sweep expired
+leases.
 
 ``IdempotencyKey.objects.purge_expired()`` and the others are what the management commands,
 the Celery tasks and the admin call. They work on the model they manage, so the models import
-this module and nothing here imports the models.
+this module and nothing here imports the models; they import only the batched purge and the
+sweeper they hand the model to.
 """
 
 from __future__ import annotations
