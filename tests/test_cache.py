@@ -226,8 +226,11 @@ def bypass_records(caplog):
     return [r for r in caplog.records if "bypassing it" in r.getMessage()]
 
 
-# Room for a loaded test machine on top of the timeouts a request may wait for.
-SLACK = 1.0
+# Room for a loaded test machine on top of the timeouts a request may wait for: eight threads
+# of one process on two busy cores took 2.1 s for a request that waits at most 1 s. Still far
+# below a frozen Redis's wait with no timeout (for ever), and which replays met the frozen cache
+# at all is counted, not timed.
+SLACK = 2.5
 
 
 def report(keep_times, backend, what, seconds):
