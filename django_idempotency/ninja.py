@@ -26,7 +26,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db.models import Model
 from django.http import HttpResponseBase
 
-from django_idempotency.core import hooks, optional
+from django_idempotency.core import deprecation, hooks, optional
 
 with optional.requires("ninja", __name__):
     from ninja.decorators import decorate_view
@@ -37,7 +37,6 @@ from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.engine import Engine, default_engine
 from django_idempotency.core.keyed_request import around_async, handle
 from django_idempotency.core.openapi_contract import (
-    PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
     PROBLEM_SCHEMA,
     SUCCESS_HEADERS,
@@ -65,7 +64,13 @@ if TYPE_CHECKING:
 # router mounted twice runs two copies of one operation, each with its own API.
 _OPERATION = "_django_idempotency_ninja_operation"
 
-__all__ = ["PROBLEM_MEDIA_TYPE", "idempotency_extra", "idempotent", "ninja_scope", "principal"]
+__all__ = ["idempotency_extra", "idempotent", "ninja_scope", "principal"]
+
+if TYPE_CHECKING:
+    from django_idempotency.problems import PROBLEM_MEDIA_TYPE  # noqa: F401 - deprecated here
+else:
+    # Its one home is django_idempotency.problems, which both frameworks' modules share.
+    __getattr__ = deprecation.moved(__name__, {"PROBLEM_MEDIA_TYPE": "django_idempotency.problems"})
 
 # Inline, as an operation's openapi_extra cannot add a component: named by its title. Its codes
 # are in an enum too, which Ninja leaves inline (drf-spectacular would make it a component).

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from django_idempotency.core import optional
+from django_idempotency.core import deprecation, optional
 
 # Named first: the openapi extra brings Django REST framework too.
 with optional.requires("openapi", __name__):
@@ -24,7 +24,6 @@ with optional.requires("openapi", __name__):
 
 from django_idempotency.conditional import CONDITIONAL_METHODS
 from django_idempotency.core.openapi_contract import (
-    PROBLEM_MEDIA_TYPE,
     PROBLEM_NAME,
     PROBLEM_SCHEMA,
     SUCCESS_HEADERS,
@@ -42,7 +41,13 @@ if TYPE_CHECKING:
     from drf_spectacular.openapi import AutoSchema
     from rest_framework.views import APIView
 
-__all__ = ["PROBLEM_MEDIA_TYPE", "IdempotencySchemaExtension", "document"]
+__all__ = ["IdempotencySchemaExtension", "document"]
+
+if TYPE_CHECKING:
+    from django_idempotency.problems import PROBLEM_MEDIA_TYPE  # noqa: F401 - deprecated here
+else:
+    # Its one home is django_idempotency.problems, which both frameworks' modules share.
+    __getattr__ = deprecation.moved(__name__, {"PROBLEM_MEDIA_TYPE": "django_idempotency.problems"})
 
 # A component, as drf-spectacular shares a schema. Its code has no enum: drf-spectacular would
 # turn it into a "CodeEnum" component, a name that the project's own serializers may use.

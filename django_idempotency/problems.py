@@ -11,7 +11,10 @@ from django.http import HttpResponse
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["Problem"]
+__all__ = ["PROBLEM_MEDIA_TYPE", "Problem"]
+
+#: The media type of every problem answered (RFC 9457 section 3), for a schema or a client.
+PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 # What a client does with its idempotency key when it sends the request again: the same key
 # (nothing was kept under it), a new key (the key is bound to another request, or its answer
@@ -208,7 +211,7 @@ def problem_response(
         body["retry"] = problem.retry
     body.update(extra or {})
     response = HttpResponse(
-        json.dumps(body), status=problem.status, content_type="application/problem+json"
+        json.dumps(body), status=problem.status, content_type=PROBLEM_MEDIA_TYPE
     )
     if problem.retry_after is not None:
         response["Retry-After"] = str(problem.retry_after)

@@ -88,8 +88,8 @@ PUBLIC: dict[str, set[str]] = {
     "keys": {"InvalidKey", "ScopedKey", "downstream_key", "key_of"},
     "metrics": {"register_database_gauges"},
     "models": {"IdempotencyKey", "InboxEvent", "OutboxMessage"},
-    "ninja": {"PROBLEM_MEDIA_TYPE", "idempotency_extra", "idempotent", "ninja_scope", "principal"},
-    "openapi": {"IdempotencySchemaExtension", "PROBLEM_MEDIA_TYPE", "document"},
+    "ninja": {"idempotency_extra", "idempotent", "ninja_scope", "principal"},
+    "openapi": {"IdempotencySchemaExtension", "document"},
     "outbox": {
         "ANY_TOPIC",
         "CeleryTaskDispatcher",
@@ -105,7 +105,7 @@ PUBLIC: dict[str, set[str]] = {
         "relay",
     },
     "policy": {"Policy", "ViewOptions"},
-    "problems": {"Problem"},
+    "problems": {"PROBLEM_MEDIA_TYPE", "Problem"},
     "reconcile": {"ExpiredKey", "NothingHappened", "Reconciled", "SweepResult", "Unknown"},
     "scope": {"AnonymousRejected", "default_scope", "get_principal"},
     "signals": {
@@ -161,6 +161,8 @@ DEPRECATED: dict[str, dict[str, str]] = {
         "StandardWebhooksSignature": "signing",
         "StripeSignature": "signing",
     },
+    "ninja": {"PROBLEM_MEDIA_TYPE": "problems"},
+    "openapi": {"PROBLEM_MEDIA_TYPE": "problems"},
     "outbox": {"PermanentError": "exceptions"},
 }
 
@@ -282,11 +284,6 @@ def test_a_deprecated_module_answers_no_other_name():
         importlib.import_module("django_idempotency.inbox").no_such_name  # noqa: B018
 
 
-# Where a name's two homes are real: each framework's module offers the media type of its
-# problems, and neither may import the other (each framework is an optional extra).
-TWO_HOMES = {"PROBLEM_MEDIA_TYPE": {"ninja", "openapi"}}
-
-
 def test_each_public_name_has_one_home():
     homes: dict[tuple[str, int], set[str]] = {}
     for module, names in PUBLIC.items():
@@ -295,4 +292,4 @@ def test_each_public_name_has_one_home():
             homes.setdefault((name, id(getattr(imported, name))), set()).add(module)
     # Two objects under one name (decorators.idempotent and ninja.idempotent) are two names.
     shared = {name: modules for (name, _), modules in homes.items() if len(modules) > 1}
-    assert shared == TWO_HOMES
+    assert shared == {}

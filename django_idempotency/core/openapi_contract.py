@@ -14,13 +14,12 @@ from django_idempotency import problems
 from django_idempotency.conf import idempotency_settings
 from django_idempotency.core.responses import REPLAYED_HEADER, STATUS_HEADER
 from django_idempotency.keys import MAX_LENGTH
+from django_idempotency.problems import PROBLEM_MEDIA_TYPE
 
 if TYPE_CHECKING:
     from datetime import timedelta
 
     from django_idempotency.policy import Policy
-
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 PROBLEM_NAME = "IdempotencyProblem"
 PROBLEM_SCHEMA: dict[str, Any] = {
