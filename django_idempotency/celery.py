@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from celery import Task
 
     from django_idempotency.conf import Mode
-    from django_idempotency.core.store import StoredResponse
+    from django_idempotency.core.rows import StoredResponse
 
 logger = logging.getLogger("django_idempotency")
 

@@ -343,6 +343,10 @@ class CountingStore:
         self.asked.append("acquire")
         return self.store.acquire(new)
 
+    def reserve(self, new):
+        self.asked.append("reserve")
+        return self.store.reserve(new)
+
 
 @pytest.mark.django_db
 def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
@@ -356,9 +360,9 @@ def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
         return handle(request, view, engine=engine, policy=Policy.from_settings(), sender=None)
 
     assert send()["Idempotency-Status"] == "stored"
-    assert store.asked == ["lookup", "acquire"]
+    assert store.asked == ["lookup", "reserve"]
     assert send()["Idempotency-Status"] == "replayed"
-    assert store.asked == ["lookup", "acquire", "lookup"]
+    assert store.asked == ["lookup", "reserve", "lookup"]
 
 
 class Greeting(Operation):

@@ -19,7 +19,8 @@ from django.utils import timezone
 
 from django_idempotency.core.engine import Engine
 from django_idempotency.core.keyed_request import handle
-from django_idempotency.core.store import Conflict, KeyStore, NewKey, key_store
+from django_idempotency.core.rows import Conflict, NewKey
+from django_idempotency.core.store import KeyStore, key_store
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import ApiClient, process_env
 from tests.factories import IdempotencyKeyFactory

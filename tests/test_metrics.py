@@ -21,7 +21,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_idempotency.core.leases import leases
-from django_idempotency.core.store import Conflict, NewKey, key_store
+from django_idempotency.core.rows import Conflict, NewKey
+from django_idempotency.core.store import key_store
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.operations.metrics import register_database_gauges
 from django_idempotency.outbox import publish, relay, relaying

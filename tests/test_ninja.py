@@ -21,7 +21,7 @@ from ninja.security import APIKeyHeader, HttpBasicAuth
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.ninja import idempotent
 from tests.conftest import ApiClient, send_chunked
-from tests.test_store import start, wait_for_key_insert
+from tests.test_store import start, wait_for_key_held
 from tests.testapp import provider
 from tests.testapp.models import Charge, LedgerEntry, Payment
 
@@ -646,7 +646,7 @@ class TestConcurrency:
                 "POST", "/api/payments/", {"amount": 7}, key=key, headers={"X-Hold": "3"}
             )
         )
-        wait_for_key_insert()
+        wait_for_key_held()
         second = ApiClient(alice).send("POST", "/api/payments/", {"amount": 7}, key=key)
 
         assert first().status_code == 201

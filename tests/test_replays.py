@@ -12,7 +12,8 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from django_idempotency.core.counting import DeferredCounts
-from django_idempotency.core.store import Claim, NewKey, StoredResponse, key_store, replay_counts
+from django_idempotency.core.rows import Claim, NewKey, StoredResponse
+from django_idempotency.core.store import key_store, replay_counts
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import in_memory_sqlite
 from tests.factories import IdempotencyKeyFactory

@@ -15,7 +15,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.core.store import Claim, Conflict, NewKey, StoredResponse, key_store
+from django_idempotency.core.engine import Engine
+from django_idempotency.core.operation import Answer, Operation, Record, fit_scope
+from django_idempotency.core.outcomes import Outcome
+from django_idempotency.core.rows import Claim, Conflict, NewKey, StoredResponse
+from django_idempotency.core.store import key_store
+from django_idempotency.keys import ScopedKey
 from django_idempotency.models import IdempotencyKey
 from tests.conftest import BEHIND_PGBOUNCER, ApiClient
 from tests.factories import IdempotencyKeyFactory
@@ -75,14 +80,15 @@ def start(work):
     return join
 
 
-def wait_for_key_insert(timeout=5.0):
-    """Block until some session holds an uncommitted key row (its INSERT is done)."""
+def wait_for_key_held(timeout=5.0):
+    """Block until another session holds a key in its transaction: on PostgreSQL, the advisory
+    lock an atomic-mode request takes, or an uncommitted key row; elsewhere, the row."""
     table = IdempotencyKey._meta.db_table
     if connection.vendor == "postgresql":
         sql = (
-            "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
-            "WHERE c.relname = %s AND l.mode = 'RowExclusiveLock' "
-            "AND l.pid <> pg_backend_pid()"
+            "SELECT count(*) FROM pg_locks l LEFT JOIN pg_class c ON c.oid = l.relation "
+            "WHERE (l.locktype = 'advisory' OR c.relname = %s AND l.mode = 'RowExclusiveLock') "
+            "AND l.granted AND l.pid <> pg_backend_pid()"
         )
         params, looks = [table], connection.cursor()
     else:  # a dirty read, on a connection of its own, sees the row before it commits
@@ -131,7 +137,7 @@ def test_a_duplicate_waits_for_the_first_and_replays_it(alice, key):
             "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
         )
     )
-    wait_for_key_insert()
+    wait_for_key_held()
     duplicate = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
     original = first()
 
@@ -148,7 +154,7 @@ def test_a_duplicate_past_the_wait_bound_gets_409_then_the_replay(alice, key):
             "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "3"}
         )
     )
-    wait_for_key_insert()
+    wait_for_key_held()
     started = time.monotonic()
     busy = ApiClient(alice).send("POST", "/payments/", {"amount": 5}, key=key)
     waited = time.monotonic() - started
@@ -170,7 +176,7 @@ def test_a_different_body_waits_and_then_gets_422(alice, key):
             "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
         )
     )
-    wait_for_key_insert()
+    wait_for_key_held()
     changed = ApiClient(alice).send("POST", "/payments/", {"amount": 6}, key=key)
     first()
 
@@ -185,7 +191,7 @@ def test_when_the_first_fails_the_waiting_duplicate_runs_instead(alice, key):
         return client.send("POST", "/payments/", {"amount": 5}, key=key, headers=headers)
 
     first = start(failing)
-    wait_for_key_insert()
+    wait_for_key_held()
     # The test client reports a view's exception through a process-wide signal, so this
     # client must not raise the other thread's exception either.
     duplicate = ApiClient(alice, raise_request_exception=False).send(
@@ -210,7 +216,7 @@ def test_when_the_first_fails_exactly_one_of_many_waiting_duplicates_runs(alice,
         return client.send("POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.2"})
 
     first = start(failing)
-    wait_for_key_insert()
+    wait_for_key_held()
     responses = in_threads(6, duplicate)
 
     assert first().status_code == 500
@@ -346,7 +352,7 @@ def test_a_duplicate_that_waited_leaves_no_bound_on_the_rest_of_its_request(
                 "POST", "/payments/", {"amount": 5}, key=key, headers={"X-Hold": "0.5"}
             )
         )
-        wait_for_key_insert()
+        wait_for_key_held()
         duplicate = ApiClient(alice).send("POST", "/payments/", {"amount": amount}, key=key)
         first()
     finally:
@@ -526,3 +532,49 @@ def test_a_lock_timeout_is_recognised_from_either_postgresql_driver(cause, expec
     error = OperationalError(str(cause))
     error.__cause__ = cause
     assert is_lock_timeout(error) is expected
+
+
+class Payer(Operation):
+    """An atomic-mode operation that makes a payment, and meanwhile lets ``meanwhile()`` run."""
+
+    lease_in_transaction = "not in a transaction"
+
+    def __init__(self, key, *, mode="atomic", meanwhile=None):
+        self.key = ScopedKey(key, fit_scope("tests:payer"))
+        self.method, self.route, self.mode, self.fingerprint = "TEST", "payer", mode, "p" * 64
+        self.ttl, self.lease_timeout = timedelta(hours=1), timedelta(seconds=30)
+        self.wait_timeout, self.meanwhile = 1.0, meanwhile
+
+    def run(self, attempt):
+        payment = Payment.objects.create(amount=1)
+        if self.meanwhile is not None:
+            self.meanwhile()
+        return str(payment.pk)
+
+    def keeps(self, result):
+        return True
+
+    def encode(self, result):
+        return Record(201, [], result.encode())
+
+    def decode(self, stored):
+        return stored.body.decode()
+
+
+@pytest.mark.postgresql
+def test_a_run_whose_key_another_stored_meanwhile_keeps_nothing_and_answers_as_it(key):
+    # On PostgreSQL an atomic-mode run holds its key by an advisory lock and writes the key's row
+    # only when it completes. A run that holds the key otherwise (here a lease-mode run, which
+    # commits a row first; or one that committed between the first's read and its lock) and
+    # stores it first wins: the unique index decides, and the loser's writes roll back.
+    other = {}
+
+    def store_it_first():
+        other["answer"] = start(lambda: Engine().run(Payer(key, mode="lease")))()
+
+    answer = Engine().run(Payer(key, meanwhile=store_it_first))
+
+    assert other["answer"].outcome == Outcome.STORED
+    assert answer == Answer(Outcome.REPLAYED, other["answer"].result, 2)
+    assert list(Payment.objects.values_list("pk", flat=True)) == [int(answer.result)]
+    assert IdempotencyKey.objects.get().state == "succeeded"

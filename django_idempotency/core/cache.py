@@ -23,7 +23,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.core.store import StoredResponse
+from django_idempotency.core.rows import StoredResponse
 
 if TYPE_CHECKING:
     from collections.abc import Callable

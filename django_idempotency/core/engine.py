@@ -8,10 +8,12 @@ decorator and Ninja are thin adapters over; the task decorator hands it a delive
 A key that a completed run holds is replayed from one read of its row, before any transaction:
 a replay writes nothing and locks nothing. Otherwise the key is claimed.
 
-Atomic mode: the key row is inserted inside the same ``transaction.atomic`` as the view's own
-writes and completed before the commit, so a fresh request costs one commit and a crash rolls
-back the key with the effect. A concurrent duplicate blocks on the unique index until the first
-commits, then replays.
+Atomic mode: the key is held inside the same ``transaction.atomic`` as the view's own writes,
+and its completed row is written before the commit, so a fresh request costs one commit and a
+crash rolls back the key with the effect. A concurrent duplicate waits, bounded, until the first
+commits, then replays. How the key is held is the store's: on PostgreSQL a transaction-scoped
+advisory lock, and the row is written once, completed; elsewhere a row inserted first, locked by
+the unique index until the commit.
 """
 
 from __future__ import annotations
@@ -28,14 +30,8 @@ from django_idempotency.core.leases import LeaseKeeper
 from django_idempotency.core.leases import leases as default_leases
 from django_idempotency.core.operation import Answer, Operation
 from django_idempotency.core.outcomes import Outcome
-from django_idempotency.core.store import (
-    Claim,
-    Conflict,
-    KeyBusy,
-    KeyStore,
-    StoredResponse,
-    key_store,
-)
+from django_idempotency.core.rows import Claim, Conflict, StoredResponse
+from django_idempotency.core.store import POLL_SECONDS, KeyBusy, KeyStore, key_store
 from django_idempotency.core.tables import key_model
 from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE
 
@@ -49,9 +45,6 @@ R = TypeVar("R")
 T = TypeVar("T")
 
 logger = logging.getLogger("django_idempotency")
-
-# How often a run that waits for another one holding its key looks at the key again.
-POLL_SECONDS = 0.05
 
 
 def _release(store: KeyStore, claim: Claim) -> bool:
@@ -140,10 +133,15 @@ class Engine:
         return None if found is None else _settled(operation, self._cached(operation, store, found))
 
     def _acquire(
-        self, operation: Operation[R], store: KeyStore
+        self, operation: Operation[R], store: KeyStore, *, reserve: bool = False
     ) -> Claim | StoredResponse | Conflict:
-        """Ask the store for the key once; a result it replays goes to the cache too."""
-        return self._cached(operation, store, store.acquire(operation.new_key(self.clock())))
+        """Ask the store for the key once; a result it replays goes to the cache too.
+
+        ``reserve``: for a run whose transaction writes its row (atomic mode).
+        """
+        new = operation.new_key(self.clock())
+        found = store.reserve(new) if reserve else store.acquire(new)
+        return self._cached(operation, store, found)
 
     @staticmethod
     def _cached(operation: Operation[R], store: KeyStore, found: T) -> T:
@@ -178,7 +176,7 @@ class Engine:
         if (replayed := self._replayed(operation, store)) is not None:
             return replayed
         with transaction.atomic(using=store.using):
-            claim = self._acquire(operation, store)
+            claim = self._acquire(operation, store, reserve=True)
             if not isinstance(claim, Claim):
                 # The store waited on the other run as long as the operation allows.
                 if (settled := _settled(operation, claim)) is None:
@@ -187,13 +185,18 @@ class Engine:
             with transaction.atomic(using=store.using, savepoint=savepoint):
                 result = operation.run(claim.attempts)
             rolled_back = transaction.get_rollback(store.using)
-            if rolled_back or not operation.keeps(result):
+            kept = not rolled_back and operation.keeps(result)
+            # Never commit the body's writes without the key's row: a run that stored the key
+            # first (one the store's hold on the key did not see) keeps its own.
+            stored = kept and self._complete(operation, store, claim, result)
+            if not stored:
                 # Keep nothing, so that a retry runs on a clean slate.
                 transaction.set_rollback(True, using=store.using)
-                return Answer(Outcome.NOT_STORED, result, claim.attempts)
-            if not self._complete(operation, store, claim, result):  # pragma: no cover
-                raise KeyBusy  # the row is locked by this transaction; never commit without it
-        return Answer(Outcome.STORED, result, claim.attempts)
+        if stored:
+            return Answer(Outcome.STORED, result, claim.attempts)
+        if not kept:
+            return Answer(Outcome.NOT_STORED, result, claim.attempts)
+        return self._holders_answer(operation, store)
 
     def _execute_lease(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
         """Lease mode: commit the claim first, run the body under the lease, then store.
@@ -272,6 +275,10 @@ class Engine:
             operation.method,
             operation.route,
         )
+        return self._holders_answer(operation, store)
+
+    def _holders_answer(self, operation: Operation[R], store: KeyStore) -> Answer[R]:
+        """Answer a run whose writes were rolled back, as the run that holds its key answers."""
         deadline = time.monotonic() + operation.wait_timeout
         while True:
             found = store.replay(operation.new_key(self.clock()))

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponseBase
 
     from django_idempotency.core.engine import Engine
-    from django_idempotency.core.store import StoredResponse
+    from django_idempotency.core.rows import StoredResponse
     from django_idempotency.policy import Policy
 
 T = TypeVar("T")

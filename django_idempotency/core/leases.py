@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from datetime import timedelta
 
-    from django_idempotency.core.store import Claim, KeyStore
+    from django_idempotency.core.rows import Claim
+    from django_idempotency.core.store import KeyStore
 
 logger = logging.getLogger("django_idempotency")
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Generic, TypeVar
 
-from django_idempotency.core.store import NewKey
+from django_idempotency.core.rows import NewKey
 from django_idempotency.core.tables import ROUTE_LENGTH, SCOPE_LENGTH
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from django_idempotency.conf import Mode
     from django_idempotency.core.cache import ReplayCache
     from django_idempotency.core.outcomes import Outcome
-    from django_idempotency.core.store import StoredResponse
+    from django_idempotency.core.rows import StoredResponse
     from django_idempotency.keys import ScopedKey
 
 

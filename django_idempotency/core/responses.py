@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
 
 if TYPE_CHECKING:
-    from django_idempotency.core.store import StoredResponse
+    from django_idempotency.core.rows import StoredResponse
 
 STATUS_HEADER = "Idempotency-Status"
 REPLAYED_HEADER = "Idempotent-Replayed"

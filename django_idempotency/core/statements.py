@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from django_idempotency.core.databases import Names
+from django_idempotency.core.databases import Names, placeholders
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -29,6 +29,8 @@ CLAIMED = tuple(name for name in INSERTED if name not in STARTING)
 RENEWED = tuple(
     name for name in INSERTED if name not in {"scope", "key", "lease_version", "attempts"}
 )
+# What a completion writes, after the columns a claim wrote.
+COMPLETED = ("response_status", "response_headers", "response_body", "completed_at")
 # What a taken-over row forgets of its previous request.
 RESET = ("response_status", "response_headers", "response_body", "completed_at", "last_replayed_at")
 
@@ -65,6 +67,13 @@ class Statements(NamedTuple):
     # What {only} is: the leases no person was asked about, or the ones with these ids ({ids}).
     not_left_for_a_person: str
     with_ids: str
+
+
+class PostgreSQLStatements(NamedTuple):
+    """What an atomic-mode request runs on PostgreSQL instead of a claim and a completion."""
+
+    reserve: str  # try the key's advisory lock, and read the row that holds the key
+    store: str  # the completed row, inserted, or written over the free row that was read
 
 
 class MariaDBStatements(NamedTuple):
@@ -200,6 +209,41 @@ def build(model: type[Model], connection: BaseDatabaseWrapper) -> Statements:
         f"{release}({pick} FOR UPDATE SKIP LOCKED)",  # another sweeper's batch is its own
         **filters,
     )
+
+
+def postgresql(model: type[Model], connection: BaseDatabaseWrapper) -> PostgreSQLStatements:
+    """An atomic-mode request's two statements on PostgreSQL: no row is written before the view.
+
+    Duplicates take turns on a transaction-scoped advisory lock on the key, tried (never waited
+    for: the wait is the engine's, polled and bounded) in the same statement that reads the row
+    holding the key. The holder of the lock runs the view and then writes its completed row in
+    one statement: an insert, or the takeover of the free row it read, fenced by that row's id
+    and lease version. The unique index decides a race that the lock does not see (a request
+    that committed between this statement's snapshot and its lock, a lease-mode request, which
+    claims a row instead): the write then changes nothing, and the request answers as the row's
+    holder. No statement sets lock_timeout; the view runs under the session's own.
+    """
+    c = Names(model, connection)
+    t = c.table
+    held = ", ".join(f"held.{c(name)}" for name in HOLDER)
+    reserve = (
+        f"SELECT pg_try_advisory_xact_lock(%s), {held} FROM (SELECT 1) AS one "  # noqa: S608
+        f"LEFT JOIN {t} AS held ON held.{c('scope')} = %s AND held.{c('key')} = %s"
+    )
+    written = (*INSERTED, *COMPLETED)
+    columns = ", ".join(c(name) for name in written)
+    updates = ", ".join(
+        [
+            *(f"{c(name)} = EXCLUDED.{c(name)}" for name in written if name != "key"),
+            f"{c('last_replayed_at')} = NULL",
+        ]
+    )
+    store = (
+        f"INSERT INTO {t} ({columns}) VALUES ({placeholders(written)}) "  # noqa: S608
+        f"ON CONFLICT ({c('scope')}, {c('key')}) DO UPDATE SET {updates} "
+        f"WHERE {t}.{c('id')} = %s AND {t}.{c('lease_version')} = %s"
+    )
+    return PostgreSQLStatements(reserve, store)
 
 
 def mariadb(model: type[Model], connection: BaseDatabaseWrapper) -> MariaDBStatements:

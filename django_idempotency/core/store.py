@@ -15,16 +15,19 @@ takeover's included). SQLite serializes writers instead: the wait there is the d
 timeout, and a wait past it is a retryable 503. MariaDB claims with an insert that locks the row
 holding the key (see ``MariaDBKeyStore``). The statements themselves are in ``statements.py``.
 
+In atomic mode on PostgreSQL nothing is written before the view runs (see
+``PostgreSQLKeyStore``): duplicates take turns on an advisory lock on the key, and the view's
+result is written once, with the key, as the completed row.
+
 A replay writes nothing: its count waits in memory (``counting.py``).
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import math
 import time
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import OperationalError, connections, transaction
@@ -40,101 +43,38 @@ from django_idempotency.core.databases import (
     mariadb_error,
     placeholders,
 )
+from django_idempotency.core.rows import (
+    Claim,
+    Conflict,
+    NewKey,
+    Reservation,
+    StoredResponse,
+    claimed,
+    is_free,
+    lease_ran_out,
+    stored_response,
+)
 from django_idempotency.core.statements import Holder
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from datetime import datetime
 
     from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.models import Model
 
-    from django_idempotency.core.statements import MariaDBStatements, Statements
+    from django_idempotency.core.statements import (
+        MariaDBStatements,
+        PostgreSQLStatements,
+        Statements,
+    )
+
+# How often a request that waits for another one holding its key looks at the key again.
+POLL_SECONDS = 0.05
 
 
 class KeyBusy(Exception):
     """Another request holds the key and did not finish within the wait bound."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class NewKey:
-    """The row a request claims: its key, what the request is, and how long it lives."""
-
-    scope: str
-    key: str
-    method: str
-    route: str
-    fingerprint: str
-    now: datetime
-    expires_at: datetime
-    wait_timeout: float  # for a concurrent request that holds the key
-    locked_until: datetime | None = None  # lease mode
-
-
-@dataclass(frozen=True)
-class Claim:
-    """A key row this request owns until it completes; ``lease_version`` fences the final write."""
-
-    id: int
-    lease_version: int
-    attempts: int  # above 1: an earlier request with this key did not finish
-    expires_at: datetime
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    status: int
-    headers: list[tuple[str, str]]
-    body: bytes
-    replay_count: int
-    expires_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class Conflict:
-    """A live row holds the key and cannot be replayed for this request."""
-
-    fingerprint_matches: bool
-
-
-def _aware(value: datetime | str) -> datetime:
-    # SQLite hands back text in UTC; PostgreSQL an aware datetime.
-    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _stored(row: Holder) -> StoredResponse:
-    headers = row.response_headers
-    if isinstance(headers, str):  # Django loads JSON columns as text
-        headers = json.loads(headers)
-    return StoredResponse(
-        status=cast("int", row.response_status),
-        headers=[(name, value) for name, value in headers or []],
-        body=bytes(row.response_body or b""),
-        replay_count=row.replay_count,
-        expires_at=_aware(row.expires_at),
-    )
-
-
-def _claimed(returned: tuple[Any, ...], new: NewKey) -> Claim:
-    # What a claiming statement returns; PostgreSQL's adds the lock_timeout it put back.
-    id_, lease_version, attempts = returned[:3]
-    return Claim(id_, lease_version, attempts, new.expires_at)
-
-
-def _free(row: Holder, new: NewKey) -> bool:
-    """Whether ``new`` may take over the key's ``row``: it expired or failed, or its request's
-    lease ran out and ``new`` is a retry of that request. That request may have had its effect:
-    a request with another payload is refused, as when the row was live."""
-    return (
-        _aware(row.expires_at) <= new.now
-        or row.state == "failed"
-        or (_lease_ran_out(row, new) and row.fingerprint == new.fingerprint)
-    )
-
-
-def _lease_ran_out(row: Holder, new: NewKey) -> bool:
-    # Only a running lease-mode request's row has locked_until: completing or failing clears it.
-    return row.locked_until is not None and _aware(row.locked_until) <= new.now
 
 
 def key_store(model: type[Model], using: str) -> KeyStore:
@@ -142,13 +82,17 @@ def key_store(model: type[Model], using: str) -> KeyStore:
 
     MariaDB claims differently; a caller need not know which database it talks to.
     """
-    if connections[using].vendor == "mysql":
+    vendor = connections[using].vendor
+    if vendor == "mysql":
         return MariaDBKeyStore(model, using)
+    if vendor == "postgresql":
+        return PostgreSQLKeyStore(model, using)
     return KeyStore(model, using)
 
 
 # Built once per table and database vendor, not per request.
 _STATEMENTS: dict[tuple[type[Model], str], Statements] = {}
+_POSTGRESQL_STATEMENTS: dict[type[Model], PostgreSQLStatements] = {}
 _MARIADB_STATEMENTS: dict[type[Model], MariaDBStatements] = {}
 
 
@@ -173,7 +117,7 @@ class KeyStore:
         its key, from one read of the key's row without a lock; ``None`` if the key is to be
         claimed: no row holds it, the row is free to take over, or ``new``'s run is still on."""
         row = self._read(new)
-        if row is None or _free(row, new):
+        if row is None or is_free(row, new):
             return None
         if row.state != "succeeded" and row.fingerprint == new.fingerprint:
             return None  # the claim waits for that run, or takes its row over
@@ -193,11 +137,19 @@ class KeyStore:
         """
         row = self._fetch(self.sql.insert, self._claim_params(new, takeover=False))
         if row is not None:
-            return _claimed(row, new)
+            return claimed(row, new)
         # A row holds the key: committed before this statement, or while it waited.
         found = self._holder(new, take_over=True)
         assert found is not None  # noqa: S101 - a takeover that loses finds the winner's row
         return found
+
+    def reserve(self, new: NewKey) -> Claim | StoredResponse | Conflict:
+        """Hold the key for an atomic-mode run, whose transaction then writes the completed row.
+
+        As ``acquire()``, which it is but on PostgreSQL; must run inside ``transaction.atomic``.
+        A ``complete()`` that answers ``False`` then means another run stored the key first.
+        """
+        return self.acquire(new)
 
     def claim(self, new: NewKey) -> Claim | None:
         """Insert the key row, or take over one that expired, failed or lost its lease.
@@ -206,7 +158,7 @@ class KeyStore:
         ``KeyBusy`` when the wait on a duplicate's uncommitted row is exceeded.
         """
         row = self._fetch(self.sql.claim, self._claim_params(new, takeover=True))
-        return None if row is None else _claimed(row, new)
+        return None if row is None else claimed(row, new)
 
     def replay(self, new: NewKey) -> StoredResponse | Conflict:
         """The completed response that holds the key, or why it cannot be replayed."""
@@ -223,11 +175,11 @@ class KeyStore:
         """
         for _ in range(3):  # a row taken over or purged meanwhile: look again
             row = self._read(new)
-            if row is None or _free(row, new):
+            if row is None or is_free(row, new):
                 if not take_over:
                     return None
                 if (claim := self.claim(new)) is not None:
-                    if row is not None and _lease_ran_out(row, new):
+                    if row is not None and lease_ran_out(row, new):
                         self._report_takeover(new)
                     return claim
                 continue  # another request took the row over first: it holds the key now
@@ -247,7 +199,7 @@ class KeyStore:
             return Conflict(fingerprint_matches=False)
         if row.state != "succeeded":
             return Conflict(fingerprint_matches=True)  # still running
-        stored = _stored(row)
+        stored = stored_response(row)
         # Counted as written, with this process's replays that are not yet.
         unwritten = replay_counts.add(self.model, self.using, row.id, row.lease_version, new.now)
         return replace(stored, replay_count=stored.replay_count + unwritten)
@@ -357,6 +309,91 @@ class KeyStore:
         return self.sql.release_expired.format(only=only), [*params, limit]
 
 
+def _advisory_lock(table: str, new: NewKey) -> int:
+    """The advisory lock's number for ``new``'s key: 64 bits of a hash of table, scope and key.
+
+    Two keys whose numbers meet only take turns; they never share a row (the unique index on
+    scope and key decides that).
+    """
+    named = "\n".join([table, str(len(new.scope)), new.scope, new.key]).encode()
+    digest = hashlib.blake2b(named, digest_size=8, person=b"idempotency-key").digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgreSQLKeyStore(KeyStore):
+    """The key table on PostgreSQL, where an atomic-mode run writes its row once, completed.
+
+    ``reserve()`` tries a transaction-scoped advisory lock on the key and reads the row that
+    holds it in one statement; while another transaction holds the lock, it looks again until the
+    request's wait bound. No claim row, no completion ``UPDATE``, no ``lock_timeout`` set and put
+    back: the holder of the lock runs the view, then ``complete()`` inserts the completed row, or
+    writes it over the free row it read (see ``statements.postgresql()``). Lease mode, which
+    commits its row before the run, claims as on SQLite.
+    """
+
+    def __init__(self, model: type[Model], using: str) -> None:
+        super().__init__(model, using)
+        if model not in _POSTGRESQL_STATEMENTS:
+            _POSTGRESQL_STATEMENTS[model] = statements.postgresql(model, self.connection)
+        self.atomic = _POSTGRESQL_STATEMENTS[model]
+
+    def reserve(self, new: NewKey) -> Claim | StoredResponse | Conflict:
+        lock = _advisory_lock(self.model._meta.db_table, new)
+        deadline = time.monotonic() + new.wait_timeout
+        while True:
+            with self.connection.cursor() as cursor:
+                cursor.execute(self.atomic.reserve, [lock, new.scope, new.key])
+                locked, *fetched = cursor.fetchone()
+            row = None if fetched[0] is None else Holder(*fetched)
+            if row is not None and not is_free(row, new):
+                # A committed row answers: a replay, a refusal, or a live lease's "in progress".
+                return self._replay_or_refuse(row, new)
+            if locked:
+                return self._reserved(row, new)
+            # Another transaction holds the key: it commits a row, or rolls back and frees it.
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KeyBusy
+            time.sleep(min(POLL_SECONDS, remaining))
+
+    def _reserved(self, row: Holder | None, new: NewKey) -> Reservation:
+        if row is None:
+            return Reservation(0, 1, 1, new.expires_at, new)
+        if lease_ran_out(row, new):
+            self._report_takeover(new)
+        # A row that never completed counts one more attempt, as a takeover's claim does.
+        attempts = 1 if row.state == "succeeded" else row.attempts + 1
+        return Reservation(row.id, row.lease_version + 1, attempts, new.expires_at, new)
+
+    def complete(
+        self,
+        claim: Claim,
+        *,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        now: datetime,
+    ) -> bool:
+        if not isinstance(claim, Reservation):
+            return super().complete(claim, status=status, headers=headers, body=body, now=now)
+        written = self._inserted(claim.new)
+        written.update(
+            state="succeeded", lease_version=claim.lease_version, attempts=claim.attempts
+        )
+        params = [
+            *written.values(),
+            status,
+            self._prep("response_headers", headers),
+            self._prep("response_body", body),
+            self._prep("completed_at", now),
+            claim.id,
+            claim.lease_version - 1,
+        ]
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.atomic.store, params)
+            return bool(cursor.rowcount == 1)
+
+
 class MariaDBKeyStore(KeyStore):
     """The key table on MariaDB, which has neither ``ON CONFLICT`` nor ``UPDATE … RETURNING``.
 
@@ -399,8 +436,8 @@ class MariaDBKeyStore(KeyStore):
                     break
                 # Unreachable while the insert's lock holds the row; should a purge have taken it
                 # in between, the key is new again.
-            if _free(row, new):
-                if _lease_ran_out(row, new):
+            if is_free(row, new):
+                if lease_ran_out(row, new):
                     self._report_takeover(new)
                 inserted = self._inserted(new)
                 renewed = [inserted[name] for name in statements.RENEWED]

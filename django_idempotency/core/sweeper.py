@@ -20,7 +20,8 @@ from django.utils import timezone
 
 from django_idempotency.conf import idempotency_settings, resolve_callable
 from django_idempotency.core import hooks
-from django_idempotency.core.store import Claim, KeyStore, key_store
+from django_idempotency.core.rows import Claim
+from django_idempotency.core.store import KeyStore, key_store
 from django_idempotency.reconcile import (
     ExpiredKey,
     NothingHappened,
