@@ -450,6 +450,22 @@ def test_round_trips_of_a_fresh_request_and_a_replay(client_alice, key):
 
 
 @pytest.mark.postgresql
+def test_a_fresh_request_on_postgresql_writes_its_key_once_and_sets_no_bound(client_alice, key):
+    table = connection.ops.quote_name(IdempotencyKey._meta.db_table)
+    with CaptureQueriesContext(connection) as fresh:
+        response = client_alice.send("POST", "/payments/", {"amount": 1}, key=key)
+
+    assert response["Idempotency-Status"] == "stored"
+    on_keys = [query["sql"] for query in fresh if table in query["sql"]]
+    writes = [sql for sql in on_keys if not sql.startswith("SELECT")]
+    # One row version: the completed row, inserted in the view's transaction.
+    assert len(writes) == 1, on_keys
+    assert writes[0].startswith(f"INSERT INTO {table}")
+    assert not any("lock_timeout" in sql for sql in on_keys), on_keys
+    assert IdempotencyKey.objects.get().state == "succeeded"
+
+
+@pytest.mark.postgresql
 def test_a_replay_writes_nothing_to_the_database():
     store, now = key_store(IdempotencyKey, "default"), timezone.now()
     new = NewKey(

@@ -69,8 +69,11 @@ if TYPE_CHECKING:
         Statements,
     )
 
-# How often a request that waits for another one holding its key looks at the key again.
+# How often a request that waits for another one holding its key looks at the key again; on
+# PostgreSQL an atomic-mode duplicate looks first after 5 ms, then twice as long each time up to
+# that: most requests hold their key for a few milliseconds.
 POLL_SECONDS = 0.05
+FIRST_POLL_SECONDS = 0.005
 
 
 class KeyBusy(Exception):
@@ -340,6 +343,7 @@ class PostgreSQLKeyStore(KeyStore):
     def reserve(self, new: NewKey) -> Claim | StoredResponse | Conflict:
         lock = _advisory_lock(self.model._meta.db_table, new)
         deadline = time.monotonic() + new.wait_timeout
+        pause = FIRST_POLL_SECONDS
         while True:
             with self.connection.cursor() as cursor:
                 cursor.execute(self.atomic.reserve, [lock, new.scope, new.key])
@@ -354,7 +358,8 @@ class PostgreSQLKeyStore(KeyStore):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise KeyBusy
-            time.sleep(min(POLL_SECONDS, remaining))
+            time.sleep(min(pause, remaining))
+            pause = min(2 * pause, POLL_SECONDS)
 
     def _reserved(self, row: Holder | None, new: NewKey) -> Reservation:
         if row is None:
