@@ -64,7 +64,7 @@ PARTS = {
         "rest_framework/request.py",
         "_authenticate",
     ),
-    "the idempotency engine, all of it": ("django_idempotency/core/engine.py", "handle"),
+    "the idempotency engine, all of it": ("django_idempotency/core/keyed_request.py", "handle"),
     "… the view it runs": (
         "django_idempotency/core/keyed_request.py",
         "__call__",
@@ -77,15 +77,18 @@ PARTS = {
         "django_idempotency/core/fingerprint.py",
         "request_fingerprint",
     ),
-    "… the read of the key's row (KeyStore.lookup: its statement)": (
+    "… the read of the key's row before a transaction (KeyStore.lookup; not on PostgreSQL)": (
         "django_idempotency/core/store.py",
         "lookup",
     ),
-    "… the claim (KeyStore.acquire: its statement)": (
+    "… holding the key (KeyStore.reserve: PostgreSQL's lock and read, or a claim)": (
         "django_idempotency/core/store.py",
-        "acquire",
+        "reserve",
     ),
-    "… the completion (capture and UPDATE)": ("django_idempotency/core/engine.py", "_complete"),
+    "… the completion (capture; PostgreSQL's INSERT of the row, or an UPDATE)": (
+        "django_idempotency/core/engine.py",
+        "_complete",
+    ),
     "… … capturing the response's headers and bytes": (
         "django_idempotency/core/responses.py",
         "capture",

@@ -359,10 +359,12 @@ def test_an_engine_asks_the_store_it_was_given_once_per_request(key):
         view = lambda: HttpResponse(status=201)  # noqa: E731
         return handle(request, view, engine=engine, policy=Policy.from_settings(), sender=None)
 
+    # On PostgreSQL, the read that holds the key answers a replay too.
+    read = [] if store.reserve_reads else ["lookup"]
     assert send()["Idempotency-Status"] == "stored"
-    assert store.asked == ["lookup", "reserve"]
+    assert store.asked == [*read, "reserve"]
     assert send()["Idempotency-Status"] == "replayed"
-    assert store.asked == ["lookup", "reserve", "lookup"]
+    assert store.asked == [*read, "reserve", *(read or ["reserve"])]
 
 
 class Greeting(Operation):

@@ -5,8 +5,9 @@ An *operation* is anything made idempotent by key: a view's request, a Celery ta
 such an operation in ``core/keyed_request.py``, whose ``handle()`` the DRF mixin, the view
 decorator and Ninja are thin adapters over; the task decorator hands it a delivery.
 
-A key that a completed run holds is replayed from one read of its row, before any transaction:
-a replay writes nothing and locks nothing. Otherwise the key is claimed.
+A key that a completed run holds is replayed from one read of its row, which writes nothing and
+locks no row: before any transaction, or (atomic mode on PostgreSQL) the read that holds the key.
+Otherwise the key is claimed.
 
 Atomic mode: the key is held inside the same ``transaction.atomic`` as the view's own writes,
 and its completed row is written before the commit, so a fresh request costs one commit and a
@@ -30,8 +31,8 @@ from django_idempotency.core.leases import LeaseKeeper
 from django_idempotency.core.leases import leases as default_leases
 from django_idempotency.core.operation import Answer, Operation
 from django_idempotency.core.outcomes import Outcome
-from django_idempotency.core.rows import Claim, Conflict, StoredResponse
-from django_idempotency.core.store import POLL_SECONDS, KeyBusy, KeyStore, key_store
+from django_idempotency.core.rows import POLL_SECONDS, Claim, Conflict, KeyBusy, StoredResponse
+from django_idempotency.core.store import KeyStore, key_store
 from django_idempotency.core.tables import key_model
 from django_idempotency.core.unavailable import DATABASE_UNAVAILABLE
 
@@ -173,7 +174,9 @@ class Engine:
         # API error. A savepoint then undoes just the view's writes, and its answer is still
         # stored with the key; without ATOMIC_REQUESTS it would cost round trips.
         savepoint = bool(connection.settings_dict.get("ATOMIC_REQUESTS"))
-        if (replayed := self._replayed(operation, store)) is not None:
+        # A store that reads the key's row as it holds the key answers a replay from that read:
+        # a fresh request sends one statement fewer, and a replay's read is a transaction's.
+        if not store.reserve_reads and (replayed := self._replayed(operation, store)) is not None:
             return replayed
         with transaction.atomic(using=store.using):
             claim = self._acquire(operation, store, reserve=True)

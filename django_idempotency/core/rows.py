@@ -1,5 +1,5 @@
 """A key's row as the store reads it, and what the store hands back: a claim, a stored
-response, or the conflict that refuses a request.
+response, the conflict that refuses a request, or a wait on another request that ran out.
 
 A row may be taken over when it is free: expired, failed, or (for a retry of its own request)
 leased by a request whose lease ran out.
@@ -14,6 +14,17 @@ from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from django_idempotency.core.statements import Holder
+
+
+# How often a request that waits for another one holding its key looks at the key again; on
+# PostgreSQL an atomic-mode duplicate looks first after 5 ms, then twice as long each time up to
+# that: most requests hold their key for a few milliseconds.
+POLL_SECONDS = 0.05
+FIRST_POLL_SECONDS = 0.005
+
+
+class KeyBusy(Exception):
+    """Another request holds the key and did not finish within the wait bound."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,25 +1,19 @@
 """What is done to the ``IdempotencyKey`` table: claim, replay, complete, renew, release, purge.
 
-A request first reads the key's row, without a lock and outside any transaction the engine
-opens: a completed response is replayed from that one read, and a different request with the
-key is refused. Otherwise the key is claimed; the read decides nothing else. The unique index on
-(scope, key) is the only arbiter of races. On PostgreSQL and SQLite a claim
-is one ``INSERT … ON CONFLICT DO NOTHING RETURNING``: it inserts a new row, or returns nothing
-when a row holds the key. Then that row is read, without a lock: a completed row is replayed,
-and an expired, failed or lease-lost one is taken over by ``INSERT … ON CONFLICT DO UPDATE …
-WHERE <expired> RETURNING``, which decides a race for it. Inside a transaction a duplicate blocks
-on the first request's uncommitted row until that commits or rolls back; on PostgreSQL the wait
-is bounded by a transaction-local ``lock_timeout`` that each claiming statement puts back
-itself, whether or not it claims the key, so the view's statements never run under it (a
-takeover's included). SQLite serializes writers instead: the wait there is the database's busy
-timeout, and a wait past it is a retryable 503. MariaDB claims with an insert that locks the row
-holding the key (see ``MariaDBKeyStore``). The statements themselves are in ``statements.py``.
-
-In atomic mode on PostgreSQL nothing is written before the view runs (see
-``PostgreSQLKeyStore``): duplicates take turns on an advisory lock on the key, and the view's
-result is written once, with the key, as the completed row.
-
-A replay writes nothing: its count waits in memory (``counting.py``).
+A completed response is replayed from one read of the key's row, which locks no row and writes
+nothing; a different request with the key is refused. Otherwise the key is claimed, and the
+unique index on (scope, key) decides every race. On SQLite (and in lease mode on PostgreSQL) the
+read comes first, outside any transaction of the engine's, and a claim is one ``INSERT … ON
+CONFLICT DO NOTHING RETURNING``; a row that holds the key is then read: replayed if completed,
+taken over by ``INSERT … ON CONFLICT DO UPDATE … WHERE <free> RETURNING`` if expired, failed or
+lease-lost. A duplicate blocks on the first request's uncommitted row: on PostgreSQL for at most
+a ``lock_timeout`` that the claiming statement puts back itself, so the view's statements never
+run under it; SQLite serializes writers instead (its busy timeout, then a retryable 503).
+MariaDB claims with an insert that locks the row holding the key (``MariaDBKeyStore``). In atomic
+mode on PostgreSQL nothing is written before the view, and the row is read once, inside the
+transaction, as duplicates take turns on an advisory lock on the key (``PostgreSQLKeyStore``).
+The statements themselves are in ``statements.py``; a replay's count waits in memory
+(``counting.py``).
 """
 
 from __future__ import annotations
@@ -44,8 +38,11 @@ from django_idempotency.core.databases import (
     placeholders,
 )
 from django_idempotency.core.rows import (
+    FIRST_POLL_SECONDS,
+    POLL_SECONDS,
     Claim,
     Conflict,
+    KeyBusy,
     NewKey,
     Reservation,
     StoredResponse,
@@ -69,16 +66,6 @@ if TYPE_CHECKING:
         Statements,
     )
 
-# How often a request that waits for another one holding its key looks at the key again; on
-# PostgreSQL an atomic-mode duplicate looks first after 5 ms, then twice as long each time up to
-# that: most requests hold their key for a few milliseconds.
-POLL_SECONDS = 0.05
-FIRST_POLL_SECONDS = 0.005
-
-
-class KeyBusy(Exception):
-    """Another request holds the key and did not finish within the wait bound."""
-
 
 def key_store(model: type[Model], using: str) -> KeyStore:
     """The store of ``model``'s keys on the database ``using``; cheap to make for each request.
@@ -101,6 +88,10 @@ _MARIADB_STATEMENTS: dict[type[Model], MariaDBStatements] = {}
 
 class KeyStore:
     """The key table's queries on one database alias (see ``key_store()``)."""
+
+    # Whether reserve() reads the key's row and answers a replay as well as a claim would: then
+    # an atomic-mode run does not read the row before its transaction.
+    reserve_reads = False
 
     def __init__(self, model: type[Model], using: str) -> None:
         self.model = model
@@ -333,6 +324,8 @@ class PostgreSQLKeyStore(KeyStore):
     writes it over the free row it read (see ``statements.postgresql()``). Lease mode, which
     commits its row before the run, claims as on SQLite.
     """
+
+    reserve_reads = True
 
     def __init__(self, model: type[Model], using: str) -> None:
         super().__init__(model, using)
