@@ -121,9 +121,9 @@ INBOX_PARTS = {
         "django_idempotency/inbox/receiving.py",
         "payload_hash",
     ),
-    "… … its statement, with the values it sends": (
-        "django_idempotency/inbox/receiving.py",
-        "_record",
+    "… … its statements, with the values they send": (
+        "django_idempotency/inbox/statements.py",
+        "record",
     ),
     "… … a duplicate's count, kept in memory": (
         "django_idempotency/inbox/receiving.py",

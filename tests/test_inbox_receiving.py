@@ -30,6 +30,34 @@ def test_the_payload_hash_is_the_canonical_hash_also_beyond_what_rfc_8785_writes
         assert payload_hash(payload) == canonical.sha256(payload)
 
 
+def test_a_recorded_event_reads_back_as_it_was_delivered():
+    # The insert prepares its values itself (on PostgreSQL the JSON and the times as text):
+    # what it stored is what the model's fields would have saved.
+    from datetime import datetime, timedelta, timezone  # noqa: PLC0415
+
+    payload = {
+        "id": "evt_1",
+        "text": 'quote " backslash \\ tab \t é ✓ 😀',
+        "numbers": [0, -1, 2**63 - 1, 0.1, 1.5e-7, 2.5, True, False, None],
+        "nested": {"b": [{}, []], "a": {"z": "y"}},
+    }
+    at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=timezone(timedelta(hours=5, minutes=30)))
+    headers = {"User-Agent": "Sender/1.0 ✓"}
+    receipt = receive("tests", "evt_1", "tests.recorded", payload, headers=headers, now=at)
+    for top_level in ("a string", 7, [1, "two"]):
+        receive("tests", None, "plain", top_level, now=at)
+
+    event = InboxEvent.objects.get(pk=receipt.event.pk)
+    assert event.payload == payload
+    assert event.headers == headers
+    assert event.received_at == at
+    assert event.payload_hash == payload_hash(payload)
+    assert {(e.event_id, repr(e.payload)) for e in InboxEvent.objects.filter(source="tests")} >= {
+        (f"sha256:{payload_hash(value)}", repr(value)) for value in ("a string", 7, [1, "two"])
+    }
+    assert not receive("tests", "evt_1", "tests.recorded", dict(reversed(payload.items()))).conflict
+
+
 def test_a_correlation_id_that_a_request_could_not_carry_is_not_kept():
     # The event's handlers log the kept id and send it on: it has a request's bound (128
     # characters, no spaces), and what the middleware would ignore is dropped.

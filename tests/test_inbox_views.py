@@ -268,6 +268,29 @@ def test_the_depth_limit_follows_the_setting(settings):
     assert deliver(nested_event(10)).status_code == 200
 
 
+def test_a_payload_of_the_projects_own_parser_is_held_to_the_depth_limit_too():
+    from django.test import RequestFactory  # noqa: PLC0415
+
+    class Receiver(WebhookReceiverView):
+        source = "tests"  # its handlers are the test receiver's
+        verifier = StandardWebhooksSignature(settings.TEST_WEBHOOK_SECRETS)
+
+        def parse_payload(self, body):
+            return json.loads(body)  # no depth check of its own
+
+    def post(body):
+        signed = Receiver.verifier.sign(body, msg_id="msg_own_parser")
+        request = RequestFactory().post("/", body, content_type="application/json", headers=signed)
+        return Receiver.as_view()(request)
+
+    refused = post(nested_event(MAX_JSON_DEPTH + 1))
+
+    assert refused.status_code == 400
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in problem(refused)["detail"]
+    assert post(nested_event(MAX_JSON_DEPTH)).status_code == 200
+    assert InboxEvent.objects.get().event_id == "evt_deep"
+
+
 @pytest.mark.skipif(connection.vendor != "mysql", reason="only MariaDB stores less")
 def test_a_payload_deeper_than_the_database_stores_is_refused_with_400_not_retried(settings):
     # MariaDB's JSON columns hold at most 31 levels: a setting that lets more through (W007)
