@@ -1,6 +1,9 @@
 """Publishing outbox messages to a broker (``BrokerDispatcher``), on a real RabbitMQ and a real
 Redis: a message that no queue takes is not counted sent, a refusal says why, and no wait on the
-broker outlasts the dispatcher's timeout or the time its relay has left."""
+broker outlasts the dispatcher's timeout or the time its relay has left. A relay's batch is
+published whole, then its confirms are awaited together, each ack, nack or return matched to its
+message: a message is marked sent only once its ack came, and one not confirmed when the wait
+ends is retried, never lost."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FuturesTimeout
 from datetime import timedelta
 
+import amqp
 import pytest
 from django.db import connections
 from django.test import override_settings
@@ -20,12 +24,13 @@ from kombu import Connection, Exchange, Queue, binding
 from prometheus_client import REGISTRY
 
 from django_idempotency.brokers import BrokerDispatcher
+from django_idempotency.brokers.publisher import NACKED
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox import DispatchError, publish, register_dispatcher, relay
 from django_idempotency.outbox import relaying as outbox_relay
 from django_idempotency.outbox.dispatchers import unregister
 from tests.blackbox.brokers import Proxy, answers
-from tests.blackbox.harness import Redis
+from tests.blackbox.harness import Redis, wait_for
 from tests.conftest import CI
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,6 +40,7 @@ BROKERS = {
     "redis": (f"redis://127.0.0.1:6379/{os.environ.get('TEST_REDIS_CELERY_DB', '14')}", 6379),
 }
 TOPIC = "payment.captured"
+OTHER_TOPIC = "refund.issued"
 UNROUTABLE = "django_idempotency_broker_unroutable_total"
 # What a test allows a call bounded by a timeout of one second: the bound, and time to spare on
 # a loaded machine. A call that is not bounded at all is given up on past WAIT_AT_MOST.
@@ -109,7 +115,7 @@ def periodic_only(monkeypatch):
     """No relay after commit: only the test's own calls relay."""
     monkeypatch.setattr(outbox_relay, "trigger", lambda: None)
     yield
-    unregister(TOPIC)
+    unregister(TOPIC, OTHER_TOPIC)
 
 
 def later(seconds):
@@ -337,3 +343,219 @@ def test_a_redis_that_stops_answering_fails_the_publish_within_its_timeout(
         worker(dispatcher.close, within=ONE_SECOND_AND_SOME)
     finally:
         own_redis.thaw()
+
+
+# A relay's batch: published whole, then its confirms awaited together.
+
+
+class RoundTrips:
+    """How often the client stopped publishing to wait for what RabbitMQ answers."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.published = False
+
+
+@pytest.fixture
+def round_trips(monkeypatch):
+    """Count the client's waits on RabbitMQ that follow a publish: one per message when each
+    confirm is awaited alone, one per batch when they are awaited together. (A publish also
+    reads, without waiting, what the broker sent: that is no round trip.)"""
+    trips = RoundTrips()
+    publish_frame, drain = amqp.Channel._basic_publish, amqp.Connection.drain_events
+
+    def publishing(channel, *args, **kwargs):
+        trips.published = True
+        return publish_frame(channel, *args, **kwargs)
+
+    def draining(connection, timeout=None, **kwargs):
+        if timeout != 0 and trips.published:
+            trips.count += 1
+            trips.published = False
+        return drain(connection, timeout=timeout, **kwargs)
+
+    # py-amqp's channel publishes through either name, as confirms are on or off.
+    monkeypatch.setattr(amqp.Channel, "_basic_publish", publishing)
+    monkeypatch.setattr(amqp.Channel, "basic_publish", publishing)
+    monkeypatch.setattr(amqp.Connection, "drain_events", draining)
+    return trips
+
+
+def queued(url: str, queue: str) -> list[str]:
+    """The ids of the messages ``queue`` holds, taken off it."""
+    ids = []
+    with Connection(url) as connection:
+        channel = connection.default_channel
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            ids.append(message.properties["message_id"])
+    return ids
+
+
+def outbox(messages: list[OutboxMessage]) -> list[tuple[str, int, str]]:
+    for message in messages:
+        message.refresh_from_db()
+    return [(message.status, message.attempts, message.last_error) for message in messages]
+
+
+def test_a_batch_waits_once_for_all_its_confirms(routes, round_trips):
+    route = routes(needs("rabbitmq"), "#")
+    register_dispatcher(TOPIC, route.dispatcher())
+    messages = [publish(TOPIC, {"payment": n}) for n in range(30)]
+
+    result = relay(batch_size=10)
+
+    assert (result.batches, result.dispatched) == (3, 30)
+    assert round_trips.count == 3  # one per batch, not one per message
+    assert {status for status, _, _ in outbox(messages)} == {"dispatched"}
+    assert sorted(queued(route.url, route.queues[0].name)) == sorted(
+        str(message.message_id) for message in messages
+    )
+
+
+@pytest.mark.parametrize("broker", ["rabbitmq", "redis"])
+def test_the_one_message_of_a_batch_no_queue_takes_fails_alone_with_the_reason(routes, broker):
+    route = routes(needs(broker), "payment.*")
+    dispatcher = route.dispatcher()
+    register_dispatcher(TOPIC, dispatcher)
+    register_dispatcher(OTHER_TOPIC, dispatcher)
+    labels = {"exchange": route.exchange.name, "topic": OTHER_TOPIC}
+    counted = REGISTRY.get_sample_value(UNROUTABLE, labels) or 0.0
+    topics = [TOPIC, TOPIC, OTHER_TOPIC, TOPIC, TOPIC]
+    messages = [publish(topic, {"payment": n}) for n, topic in enumerate(topics)]
+
+    result = relay()
+
+    assert (result.batches, result.dispatched, result.failed) == (1, 4, 1)
+    reason = (
+        f"DispatchError: could not publish to {route.exchange.name!r}: no queue is bound for "
+        f"routing key {OTHER_TOPIC!r} ("
+    )
+    states = outbox(messages)
+    assert states[:2] + states[3:] == [("dispatched", 1, "")] * 4
+    status, attempts, error = states[2]
+    assert (status, attempts) == ("pending", 1)
+    assert error.startswith(reason), error
+    if broker == "rabbitmq":
+        assert error.endswith("(the broker returned the message: 312 NO_ROUTE)"), error
+    assert REGISTRY.get_sample_value(UNROUTABLE, labels) == counted + 1
+
+
+def test_the_messages_of_a_batch_a_full_queue_refuses_fail_and_the_others_are_sent(routes):
+    route = routes(needs("rabbitmq"))
+    # Two messages fill it; RabbitMQ nacks each one after that.
+    route.bind("#", **{"x-max-length": 2, "x-overflow": "reject-publish"})
+    register_dispatcher(TOPIC, route.dispatcher())
+    messages = [publish(TOPIC, {"payment": n}) for n in range(5)]
+
+    result = relay()
+
+    assert (result.dispatched, result.failed) == (2, 3)
+    refused = f"DispatchError: could not publish to {route.exchange.name!r}: {NACKED}"
+    assert outbox(messages) == [("dispatched", 1, "")] * 2 + [("pending", 1, refused)] * 3
+    assert sorted(queued(route.url, route.queues[0].name)) == sorted(
+        str(message.message_id) for message in messages[:2]
+    )
+
+
+def published_but_unconfirmed(route, proxy, worker, timeout: float):
+    """A batch of five that RabbitMQ took, through a connection that carries no confirm back."""
+    register_dispatcher(TOPIC, route.dispatcher(route.proxied, timeout=timeout))
+    publish(TOPIC, {"payment": "first"})
+    worker(relay)  # connected, and confirmed
+    queued(route.url, route.queues[0].name)
+    proxy.deafen()
+    return [publish(TOPIC, {"payment": n}) for n in range(5)]
+
+
+def test_a_batch_whose_confirms_do_not_come_in_time_is_retried_and_none_counted_sent(
+    frozen_rabbitmq, worker
+):
+    route, proxy = frozen_rabbitmq
+    messages = published_but_unconfirmed(route, proxy, worker, timeout=1)
+
+    result, seconds = worker(relay, random=lambda: 0.5)
+
+    # One bound for the batch's wait, not one per message.
+    assert seconds < ONE_SECOND_AND_SOME
+    assert (result.dispatched, result.failed) == (0, 5)
+    timed_out = (
+        f"DispatchError: could not publish to {route.exchange.name!r}: no answer from the "
+        "broker within 1 s (waiting for the confirms)"
+    )
+    assert outbox(messages) == [("pending", 1, timed_out)] * 5
+    # RabbitMQ has them all: sent again, each is a duplicate the consumer drops; not one lost.
+    sent = [str(message.message_id) for message in messages]
+    assert sorted(queued(route.url, route.queues[0].name)) == sorted(sent)
+    proxy.thaw()
+
+    again, _ = worker(relay, now=later(3600))
+
+    assert again.dispatched == 5
+    assert {status for status, _, _ in outbox(messages)} == {"dispatched"}
+    assert sorted(queued(route.url, route.queues[0].name)) == sorted(sent)
+
+
+def test_a_batch_unconfirmed_when_the_relays_time_runs_out_is_given_back(frozen_rabbitmq, worker):
+    route, proxy = frozen_rabbitmq
+    messages = published_but_unconfirmed(route, proxy, worker, timeout=10)
+
+    result, seconds = worker(relay, max_seconds=1)
+
+    assert seconds < ONE_SECOND_AND_SOME
+    assert (result.dispatched, result.failed, result.complete) == (0, 0, False)
+    # Not sent, and not an attempt: the next relay sends them, with all their attempts left.
+    assert [(status, attempts) for status, attempts, _ in outbox(messages)] == [("pending", 0)] * 5
+
+
+def test_a_batch_whose_connection_drops_before_its_confirms_is_retried(frozen_rabbitmq):
+    route, proxy = frozen_rabbitmq
+    queue = route.queues[0]
+
+    def relayed():
+        try:
+            return relay(), time.monotonic()
+        finally:
+            connections.close_all()
+
+    def taken() -> bool:
+        with Connection(route.url) as connection:
+            declared = queue(connection.default_channel).queue_declare(passive=True)
+            return declared.message_count == len(messages)
+
+    # The thread keeps its connection from one relay to the next.
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        register_dispatcher(TOPIC, route.dispatcher(route.proxied, timeout=30))
+        publish(TOPIC, {"payment": "first"})
+        pool.submit(relayed).result(timeout=WAIT_AT_MOST)  # connected, and confirmed
+        queued(route.url, queue.name)
+        proxy.deafen()
+        messages = [publish(TOPIC, {"payment": n}) for n in range(5)]
+        relaying = pool.submit(relayed)
+        wait_for(taken, timeout=10, interval=0.05, what="RabbitMQ to take the batch")
+        cut = time.monotonic()
+        proxy.cut()
+        result, ended = relaying.result(timeout=WAIT_AT_MOST)
+    finally:
+        proxy.cut()  # a relay still waiting gives up
+        pool.shutdown(wait=False, cancel_futures=True)
+
+    assert ended - cut < ONE_SECOND_AND_SOME  # at once, not at the end of the 30 s
+    assert (result.dispatched, result.failed) == (0, 5)
+    for status, attempts, error in outbox(messages):
+        assert (status, attempts) == ("pending", 1)
+        assert "no answer" not in error, error
+        assert error.endswith("(waiting for the confirms)"), error
+    assert len(queued(route.url, queue.name)) == len(messages)
+
+
+def test_a_message_dispatched_alone_waits_for_its_own_confirm(routes, round_trips):
+    route = routes(needs("rabbitmq"), "#")
+    dispatcher = route.dispatcher()
+    message = a_message()
+
+    dispatcher(message)
+    dispatcher(message)
+
+    assert round_trips.count == 2
+    assert queued(route.url, route.queues[0].name) == [str(message.message_id)] * 2

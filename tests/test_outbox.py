@@ -33,6 +33,7 @@ from django_idempotency.models import InboxEvent, OutboxMessage
 from django_idempotency.outbox import (
     ANY_TOPIC,
     CeleryTaskDispatcher,
+    DispatchError,
     WebhookDispatcher,
     outbox_dispatcher,
     publish,
@@ -184,6 +185,105 @@ def test_messages_with_an_ordering_key_leave_one_at_a_time_in_order(periodic_onl
 
     relay(now=later(BASE + 1))
     assert recorded[2:] == [str(m.message_id) for m in (first, second, third)]
+
+
+class Together:
+    """A dispatcher that sends a batch's messages at once: the even ``n`` are delivered."""
+
+    def __init__(self, answer=None):
+        self.batches = []
+        self.answer = answer
+
+    def __call__(self, message):
+        raise AssertionError("the relay hands dispatch_many the batch")
+
+    def dispatch_many(self, messages):
+        self.batches.append([message.payload["n"] for message in messages])
+        if self.answer is not None:
+            return self.answer(messages)
+        return [None if m.payload["n"] % 2 == 0 else DispatchError("odd") for m in messages]
+
+
+@pytest.fixture
+def together():
+    made = []
+
+    def register(answer=None):
+        made.append(Together(answer))
+        for topic in ("tests.together", "tests.together.too"):
+            register_dispatcher(topic, made[-1])
+        return made[-1]
+
+    yield register
+    unregister("tests.together", "tests.together.too")
+
+
+def test_a_dispatcher_that_dispatches_many_gets_its_batch_at_once_and_answers_for_each(
+    periodic_only, recorded, together
+):
+    dispatcher = together()
+    topics = ["tests.together", "tests.recorded", "tests.together.too", "tests.together"]
+    messages = [publish(topic, {"n": n}) for n, topic in enumerate(topics)]
+
+    result = relay(batch_size=10)
+
+    # Its three messages in one call; the plain dispatcher's one alone, as ever.
+    assert dispatcher.batches == [[0, 2, 3]]
+    assert recorded == [str(messages[1].message_id)]
+    assert (result.dispatched, result.failed) == (3, 1)
+    for message in messages:
+        message.refresh_from_db()
+    assert [(m.status, m.last_error) for m in messages] == [
+        ("dispatched", ""),
+        ("dispatched", ""),
+        ("dispatched", ""),
+        ("pending", "DispatchError: odd"),
+    ]
+
+
+def refuse(messages):
+    raise DispatchError("the broker is gone")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        (refuse, "DispatchError: the broker is gone"),
+        (lambda messages: [None], "TypeError: "),
+        (lambda messages: [True] * len(messages), "DispatchError: True"),
+    ],
+    ids=["raises", "answers-for-fewer", "answers-not-none"],
+)
+def test_no_message_is_marked_sent_that_dispatch_many_did_not_answer_none_for(
+    periodic_only, together, answer, error
+):
+    together(answer)
+    for n in range(3):
+        publish("tests.together", {"n": n})
+
+    result = relay()
+
+    assert (result.dispatched, result.failed) == (0, 3)
+    for message in OutboxMessage.objects.all():
+        assert message.status == "pending"
+        assert message.last_error.startswith(error), message.last_error
+
+
+def test_a_relay_asked_to_stop_gives_back_what_it_has_not_handed_to_dispatch_many(
+    periodic_only, recorded, together
+):
+    dispatcher = together()
+    publish("tests.recorded", {})
+    publish("tests.together", {"n": 0})
+    # Asked before the claim, then before each dispatch: it answers True at the second.
+    answers = iter([False, False])
+
+    result = relay(stop=lambda: next(answers, True))
+
+    assert (result.dispatched, result.complete) == (1, False)
+    assert dispatcher.batches == []
+    back = OutboxMessage.objects.get(topic="tests.together")
+    assert (back.status, back.attempts) == ("pending", 0)
 
 
 def test_purge_deletes_old_dispatched_messages_and_never_an_unsent_one(periodic_only):

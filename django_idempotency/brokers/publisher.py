@@ -8,13 +8,21 @@ the outbox retries it. Redis has neither: the dispatcher reads the exchange's bi
 kombu keeps in Redis, before publishing, since kombu's Redis transport drops a message that
 matches none.
 
-Every wait on the broker (connecting, declaring the exchange, publishing, the confirm, closing)
-is given what is left of one ``timeout`` per message, or of the relay's time when less is left
+The relay hands the dispatcher its batch's messages together (``dispatch_many``): they are
+published one after the other, then the confirms of them all are awaited at once, each ack or
+nack matched to its message by its delivery tag and each return by its message id. That is one
+wait on the broker per batch, not one per message. A message counts as sent only once its ack
+came: one published but not confirmed when the wait ends (a timeout, a lost connection, a
+block) fails its attempt, and is published again.
+
+Every wait on the broker (connecting, declaring the exchange, publishing, the confirms, closing)
+is given what is left of one ``timeout`` per batch, or of the relay's time when less is left
 (``guard.remaining()``): a broker that stops answering costs a relay, or a request with the
 inline runner, that long and no longer.
 
 The outbox message's id travels as the AMQP ``message_id``, which a consumer dedupes on: a relay
-that dies between the publish and marking the message sent publishes it again with the same id.
+that dies between the publish and marking the message sent, or a message whose confirm did not
+come in time, is published again with the same id.
 """
 
 from __future__ import annotations
@@ -31,13 +39,12 @@ from django_idempotency.core.outcomes import report_unroutable
 
 with optional.requires("brokers", __name__):
     import amqp
-    from amqp.exceptions import MessageNacked
     from kombu import Connection, Exchange, Producer
 
 from django_idempotency.outbox.dispatchers import DispatchError, envelope
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from django_idempotency.models import OutboxMessage
 
@@ -62,10 +69,10 @@ class BrokerDispatcher:
     The routing key is the message's topic, unless ``routing_key`` (a callable of the message)
     says otherwise; the ordering key goes in the ``ordering-key`` header. Headers: the
     message's own (its correlation id among them) and ``source``, when given. ``confirm``: wait
-    for RabbitMQ's publisher confirm, and fail a message that no queue is bound for (without
-    it, a message counts as sent once written). ``timeout``: the seconds one message may wait
-    on the broker, in all. ``heartbeat``: the seconds between the heartbeats a RabbitMQ
-    connection asks for (0: none). Messages are persistent.
+    for RabbitMQ's publisher confirms, and fail a message that no queue is bound for (without
+    it, a message counts as sent once written). ``timeout``: the seconds one batch of messages
+    (one message, called alone) may wait on the broker, in all. ``heartbeat``: the seconds
+    between the heartbeats a RabbitMQ connection asks for (0: none). Messages are persistent.
     """
 
     def __init__(
@@ -97,40 +104,45 @@ class BrokerDispatcher:
         return f"BrokerDispatcher({self.exchange.name!r})"
 
     def __call__(self, message: OutboxMessage) -> None:
+        (failure,) = self.dispatch_many([message])
+        if failure is not None:
+            raise failure
+
+    def dispatch_many(self, messages: Sequence[OutboxMessage]) -> list[Exception | None]:
+        """Publish ``messages``, then wait for the broker's confirms of them all at once; return,
+        for each, the error that fails its attempt, or ``None`` once a queue took it."""
+        budget = _Budget(self.timeout)
+        batch = _Batch()
+        error: Exception | None = None
+        try:
+            link = self._link(budget)
+            budget.doing = "publishing"
+            link.begin(batch, budget.left())
+            for message in messages:
+                self._publish(link, message, budget)
+            budget.doing = "waiting for the confirms"
+            link.settle(budget)
+        except Exception as exc:
+            # Whatever went wrong, the next batch starts on a new connection; this one is
+            # dropped without a word to the broker, which may not be listening.
+            self._drop()
+            error = exc
+        return [self._outcome(message, batch, budget, error) for message in messages]
+
+    def _publish(self, link: _Link, message: OutboxMessage, budget: _Budget) -> None:
+        message_id = str(message.message_id)
+        routing_key = self.routing_key(message) if self.routing_key else message.topic
+        if link.redis and not link.routes(self.exchange, routing_key):
+            link.batch.returned[message_id] = (
+                f"no queue is bound for routing key {routing_key!r} (none of the exchange's "
+                "bindings in Redis matches it)"
+            )
+            return
         headers: dict[str, Any] = dict(message.headers)
         if self.source:
             headers[SOURCE_HEADER] = self.source
         if message.ordering_key:
             headers[ORDERING_KEY_HEADER] = message.ordering_key
-        routing_key = self.routing_key(message) if self.routing_key else message.topic
-        budget = _Budget(self.timeout)
-        try:
-            self._publish(message, routing_key, headers, budget)
-        except _Unroutable as exc:
-            report_unroutable(self.exchange.name, message.topic)
-            msg = f"could not publish to {self.exchange.name!r}: {exc}"
-            raise DispatchError(msg) from exc
-        except Exception as exc:
-            # Whatever went wrong, the next message starts on a new connection; this one is
-            # dropped without a word to the broker, which may not be listening.
-            self._drop()
-            msg = f"could not publish to {self.exchange.name!r}: {budget.describe(exc)}"
-            raise DispatchError(msg) from exc
-
-    def _publish(
-        self, message: OutboxMessage, routing_key: str, headers: dict[str, Any], budget: _Budget
-    ) -> None:
-        link = self._link(budget)
-        budget.doing = "publishing"
-        message_id = str(message.message_id)
-        link.returned.clear()
-        link.bound(budget.left())
-        if link.redis and not link.routes(self.exchange, routing_key):
-            msg = (
-                f"no queue is bound for routing key {routing_key!r} (none of the exchange's "
-                "bindings in Redis matches it)"
-            )
-            raise _Unroutable(msg)
         link.producer.publish(
             envelope(message),
             exchange=self.exchange,
@@ -144,11 +156,29 @@ class BrokerDispatcher:
             # With confirms, RabbitMQ returns a message no queue takes before it acks it.
             mandatory=self.confirm,
             timeout=budget.left(),
-            confirm_timeout=budget.left(),
         )
-        if (returned := link.returned.pop(message_id, None)) is not None:
-            msg = f"no queue is bound for routing key {routing_key!r} ({returned})"
-            raise _Unroutable(msg)
+        link.sent(message_id)
+
+    def _outcome(
+        self, message: OutboxMessage, batch: _Batch, budget: _Budget, error: Exception | None
+    ) -> Exception | None:
+        message_id = str(message.message_id)
+        # A return comes before the ack of its message: an acked message that was returned is
+        # one that no queue took.
+        if (returned := batch.returned.get(message_id)) is not None:
+            report_unroutable(self.exchange.name, message.topic)
+            reason = returned
+        elif message_id in batch.nacked:
+            reason = NACKED
+        elif message_id in batch.acked:
+            return None
+        elif error is not None:  # not confirmed when the batch failed: sent again, never lost
+            reason = budget.describe(error)
+        else:
+            reason = "the broker did not confirm it"
+        failure = DispatchError(f"could not publish to {self.exchange.name!r}: {reason}")
+        failure.__cause__ = error
+        return failure
 
     def _link(self, budget: _Budget) -> _Link:
         # One connection per thread: kombu's connections are not to be shared between threads.
@@ -161,7 +191,7 @@ class BrokerDispatcher:
                 link.check(budget.left())
             except _Blocked:
                 raise
-            except Exception:  # closed since the last message: open another
+            except Exception:  # closed since the last batch: open another
                 self._drop()
                 link = None
         if link is None:
@@ -184,16 +214,12 @@ class BrokerDispatcher:
             link.close(self.timeout)
 
 
-class _Unroutable(Exception):
-    """No queue takes the message: the broker returned it, or no binding matches it."""
-
-
 class _Blocked(Exception):
     """RabbitMQ blocks the connection's publishes until a resource alarm clears."""
 
 
 class _Budget:
-    """What is left of one message's time on the broker, and what it was spent on."""
+    """What is left of one batch's time on the broker, and what it was spent on."""
 
     def __init__(self, timeout: float) -> None:
         left = guard.remaining()
@@ -210,8 +236,6 @@ class _Budget:
     def describe(self, error: Exception) -> str:
         if isinstance(error, _Blocked):
             return BLOCKED
-        if isinstance(error, MessageNacked):
-            return NACKED
         if self.seconds <= 0:
             return "no time was left to publish it"
         # Every wait was given what was left: a wait that ended at the budget's end timed out,
@@ -221,14 +245,38 @@ class _Budget:
         return f"{error!r} ({self.doing})"
 
 
+class _Batch:
+    """What the broker said of one batch's messages, by message id."""
+
+    def __init__(self) -> None:
+        self.unconfirmed: dict[int, str] = {}  # by delivery tag, in the order published
+        self.acked: set[str] = set()
+        self.nacked: set[str] = set()
+        self.returned: dict[str, str] = {}  # why no queue takes it
+
+    def settle(self, tag: int, multiple: bool, into: set[str]) -> None:
+        """Count the messages an ack or a nack of ``tag`` answers (``multiple``: every one up
+        to it) as ``into`` says."""
+        if not multiple:
+            if (message_id := self.unconfirmed.pop(tag, None)) is not None:
+                into.add(message_id)
+            return
+        for earlier in list(self.unconfirmed):
+            if earlier > tag:
+                break
+            into.add(self.unconfirmed.pop(earlier))
+
+
 class _Link:
-    """A thread's connection to the broker: its producer, and what the broker returned on it."""
+    """A thread's connection to the broker: its producer, and the batch it publishes."""
 
     def __init__(self, url: str, seconds: float, *, confirm: bool, heartbeat: float) -> None:
         # On Redis the connection's socket timeouts bound each wait: whole seconds, so that the
-        # link serves every message with as much time left, and not only the one it opened for.
+        # link serves every batch with as much time left, and not only the one it opened for.
         self.seconds = seconds if seconds < 1 else float(math.floor(seconds))
-        self.returned: dict[str, str] = {}
+        self.batch = _Batch()
+        # The delivery tag of the channel's last publish: RabbitMQ numbers them from 1 on.
+        self.tag = 0
         # A URL may name several brokers ("amqp://a;amqp://b"): each is given its share.
         hosts = url.count(";") + 1
         self.connection = Connection(
@@ -236,7 +284,7 @@ class _Link:
             connect_timeout=seconds / hosts,
             heartbeat=heartbeat,
             transport_options={
-                "confirm_publish": confirm,
+                # Not py-amqp's confirm_publish, which waits for each message's confirm.
                 "on_blocked": self._blocked,
                 "socket_timeout": self.seconds,
                 "socket_connect_timeout": self.seconds,
@@ -244,16 +292,23 @@ class _Link:
         )
         self.redis = self.connection.transport.driver_type == "redis"
         self.amqp_connection: amqp.Connection | None = None
+        self.confirms = False
         try:
             # Each broker once, without kombu's pauses between tries: the outbox retries.
             self.connection.ensure_connection(
                 max_retries=hosts - 1, interval_start=0, interval_step=0, interval_max=0
             )
+            channel = self.connection.default_channel
             if isinstance(self.connection.connection, amqp.Connection):
                 self.amqp_connection = self.connection.connection
                 self.bound(seconds)
+                self.confirms = confirm
+                if confirm:
+                    channel.events["basic_ack"].add(self._acked)
+                    channel.events["basic_nack"].add(self._nacked)
+                    channel.confirm_select()
             on_return = self._returned if self.amqp_connection is not None else None
-            self.producer = Producer(self.connection.default_channel, on_return=on_return)
+            self.producer = Producer(channel, on_return=on_return)
         except BaseException:
             self.drop()
             raise
@@ -268,7 +323,7 @@ class _Link:
             self.amqp_connection.sock.settimeout(seconds)
 
     def check(self, seconds: float) -> None:
-        """Read what RabbitMQ sent since the last message (heartbeats, a close, a block), and
+        """Read what RabbitMQ sent since the last batch (heartbeats, a close, a block), and
         send a heartbeat if one is due: raise if the connection is gone."""
         if self.amqp_connection is None:
             return
@@ -279,6 +334,25 @@ class _Link:
             except TimeoutError:  # nothing more to read
                 break
         self.amqp_connection.heartbeat_tick()
+
+    def begin(self, batch: _Batch, seconds: float) -> None:
+        """Publish ``batch`` next, each wait ending within ``seconds``."""
+        self.batch = batch
+        self.bound(seconds)
+
+    def sent(self, message_id: str) -> None:
+        """The message is written: sent, or awaiting its confirm."""
+        if not self.confirms:
+            self.batch.acked.add(message_id)
+            return
+        self.tag += 1
+        self.batch.unconfirmed[self.tag] = message_id
+
+    def settle(self, budget: _Budget) -> None:
+        """Read what RabbitMQ answers until every message of the batch is confirmed (acks,
+        nacks and the returns before them), within ``budget``."""
+        while self.batch.unconfirmed and self.amqp_connection is not None:
+            self.amqp_connection.drain_events(timeout=budget.left())
 
     def routes(self, exchange: Exchange, routing_key: str) -> bool:
         """Whether one of the bindings Redis keeps for ``exchange`` matches ``routing_key``."""
@@ -302,14 +376,24 @@ class _Link:
                 self.amqp_connection.close()
         self.drop()
 
+    def _acked(self, tag: int, multiple: bool) -> None:
+        self.batch.settle(tag, multiple, self.batch.acked)
+
+    def _nacked(self, tag: int, multiple: bool) -> None:
+        self.batch.settle(tag, multiple, self.batch.nacked)
+
     def _returned(self, error: Any, exchange: str, routing_key: str, message: Any) -> None:
         message_id = message.properties.get("message_id")
         if message_id is not None:
             reason = f"{getattr(error, 'reply_code', '')} {getattr(error, 'reply_text', '')}"
-            self.returned[str(message_id)] = f"the broker returned the message: {reason.strip()}"
+            self.batch.returned[str(message_id)] = (
+                f"no queue is bound for routing key {routing_key!r} (the broker returned the "
+                f"message: {reason.strip()})"
+            )
 
     @staticmethod
     def _blocked(reason: str) -> None:
-        # Raised in the middle of the wait for a confirm: the broker reads nothing more from
-        # this connection until its alarm clears, which may take minutes.
+        # Raised in the middle of a wait (a publish reads what the broker sent, too): the
+        # broker reads nothing more from this connection until its alarm clears, which may
+        # take minutes.
         raise _Blocked(reason)

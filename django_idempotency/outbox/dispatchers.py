@@ -3,7 +3,10 @@
 A dispatcher is any callable that takes the ``OutboxMessage`` and returns once the message is
 delivered; it raises to fail the attempt, which is then retried. It may be called more than once
 for a message (at-least-once delivery): every call carries the same ``message_id``, which the
-consumer dedupes on.
+consumer dedupes on. A dispatcher that sends several messages faster than one by one (a broker's
+publisher confirms awaited together) offers ``dispatch_many(messages)`` as well, which returns,
+for each message in order, ``None`` once it is delivered or the exception that fails its attempt:
+the relay then hands it all its batch's messages at once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ if TYPE_CHECKING:
     from django_idempotency.models import OutboxMessage
 
     Dispatcher = Callable[[OutboxMessage], object]
+    #: Why a message was not delivered, or ``None`` once it is.
+    Outcome = Exception | None
     Secrets = str | bytes | Sequence[str | bytes]
 
 #: Registers a dispatcher for every topic that has none of its own.
@@ -74,6 +79,60 @@ def outbox_dispatcher(*topics: str) -> Callable[[Dispatcher], Dispatcher]:
 def get_dispatcher(topic: str) -> Dispatcher | None:
     """The dispatcher of ``topic``'s messages, if one is registered."""
     return _registry.get(topic) or _registry.get(ANY_TOPIC)
+
+
+def dispatch_units(
+    messages: Sequence[OutboxMessage],
+) -> list[tuple[Dispatcher | None, list[OutboxMessage]]]:
+    """Split ``messages`` into what is dispatched in one go: all those of a dispatcher that
+    offers ``dispatch_many``, and each other message alone; in the order of their first message.
+
+    The order within a relay's batch does not matter across ordering keys, and the batch holds
+    one message at most of each key: the next waits until that one is sent.
+    """
+    units: list[tuple[Dispatcher | None, list[OutboxMessage]]] = []
+    together: dict[int, list[OutboxMessage]] = {}
+    for message in messages:
+        dispatcher = get_dispatcher(message.topic)
+        if not callable(getattr(dispatcher, "dispatch_many", None)):
+            units.append((dispatcher, [message]))
+        elif (same := together.get(id(dispatcher))) is not None:
+            same.append(message)
+        else:
+            together[id(dispatcher)] = [message]
+            units.append((dispatcher, together[id(dispatcher)]))
+    return units
+
+
+def dispatch(dispatcher: Dispatcher | None, messages: list[OutboxMessage]) -> list[Outcome]:
+    """Dispatch ``messages`` with ``dispatcher``, at once if it offers ``dispatch_many``;
+    return each one's outcome. The dispatcher's errors are data: recorded, then retried."""
+    many = getattr(dispatcher, "dispatch_many", None)
+    if many is None:
+        return [_dispatch_one(dispatcher, message) for message in messages]
+    try:
+        outcomes = list(many(messages))
+        if len(outcomes) != len(messages):
+            msg = f"{dispatcher!r} answered for {len(outcomes)} of {len(messages)} messages."
+            raise TypeError(msg)
+    except Exception as exc:  # the attempt of every message fails
+        return [exc] * len(messages)
+    # Whatever is not None leaves its message to retry: none is marked sent unless it says so.
+    return [
+        outcome if outcome is None or isinstance(outcome, Exception) else DispatchError(outcome)
+        for outcome in outcomes
+    ]
+
+
+def _dispatch_one(dispatcher: Dispatcher | None, message: OutboxMessage) -> Outcome:
+    try:
+        if dispatcher is None:
+            msg = f"No outbox dispatcher is registered for the topic {message.topic!r}."
+            raise LookupError(msg)  # retried: a deploy may bring the dispatcher
+        dispatcher(message)
+    except Exception as exc:  # recorded as the attempt's failure
+        return exc
+    return None
 
 
 def unregister(*topics: str) -> None:

@@ -35,7 +35,7 @@ from django_idempotency.core.outcomes import report_retry, state_change
 from django_idempotency.core.transactions import write_transaction
 from django_idempotency.exceptions import PermanentError
 from django_idempotency.models import OutboxMessage
-from django_idempotency.outbox.dispatchers import get_dispatcher
+from django_idempotency.outbox.dispatchers import dispatch, dispatch_units
 from django_idempotency.queue.attempts import (
     JobTable,
     claim,
@@ -181,6 +181,10 @@ def relay(
         return (deadline is not None and time.monotonic() >= deadline) or stop()
 
     counts = {Status.DISPATCHED: 0, Status.PENDING: 0, Status.DEAD: 0}
+
+    def failed(message: OutboxMessage, failure: Exception) -> None:
+        counts[_record_failure(message, failure, using, now(), random)] += 1
+
     batches = 0
     complete = True
     while True:
@@ -194,27 +198,10 @@ def relay(
         batches += 1
         # No transaction is open while the messages are sent: a slow consumer holds no lock,
         # and a consumer that writes to this database (the inbox of the same project) can.
-        delivered = []
-        for index, message in enumerate(batch):
-            if must_stop():
-                give_back(JOBS, batch[index:], using, now())
-                complete = False
-                break
-            # What the dispatcher logs (the retry client's lines) carries the message's id.
-            with correlation.bind(correlation.from_headers(message.headers)):
-                with _bounded(deadline):
-                    failure = _dispatch(message)
-                if failure is None:
-                    delivered.append(message)
-                elif deadline is not None and time.monotonic() >= deadline:
-                    # Cut short by the relay's time, not refused: the next relay sends it, with
-                    # the time its dispatcher needs.
-                    _out_of_time(message, failure)
-                    give_back(JOBS, batch[index:], using, now())
-                    complete = False
-                    break
-                else:
-                    counts[_record_failure(message, failure, using, now(), random)] += 1
+        delivered, unsent = _send(batch, deadline, must_stop, failed)
+        if unsent:
+            give_back(JOBS, unsent, using, now())
+            complete = False
         # One statement for the whole batch: the usual outcome is cheap. A message whose
         # lease ran out and that another relay took over is marked by that relay as well.
         counts[Status.DISPATCHED] += (
@@ -287,6 +274,41 @@ def _bounded(deadline: float | None) -> Iterator[None]:
         yield
 
 
+def _send(
+    batch: list[OutboxMessage],
+    deadline: float | None,
+    must_stop: Callable[[], bool],
+    failed: Callable[[OutboxMessage, Exception], None],
+) -> tuple[list[OutboxMessage], list[OutboxMessage]]:
+    """Dispatch a claimed batch, recording each failure with ``failed``; return the messages
+    delivered, and those to give back: not sent before the relay had to stop."""
+    delivered: list[OutboxMessage] = []
+    # A dispatcher that offers dispatch_many is handed all its messages of the batch at once
+    # (a broker's confirms are awaited together); any other, each message alone.
+    units = dispatch_units(batch)
+    for index, (dispatcher, messages) in enumerate(units):
+        if must_stop():
+            return delivered, [message for _, rest in units[index:] for message in rest]
+        # What the dispatcher logs (the retry client's lines) carries the message's id.
+        alone = correlation.from_headers(messages[0].headers) if len(messages) == 1 else None
+        with correlation.bind(alone), _bounded(deadline):
+            outcomes = dispatch(dispatcher, messages)
+        late = []
+        for message, failure in zip(messages, outcomes, strict=True):
+            if failure is None:
+                delivered.append(message)
+            elif deadline is not None and time.monotonic() >= deadline:
+                # Cut short by the relay's time, not refused: the next relay sends it, with the
+                # time its dispatcher needs.
+                _out_of_time(message, failure)
+                late.append(message)
+            else:
+                failed(message, failure)
+        if late:
+            return delivered, late + [message for _, rest in units[index + 1 :] for message in rest]
+    return delivered, []
+
+
 def _out_of_time(message: OutboxMessage, failure: Exception) -> None:
     logger.warning(
         "outbox message %s was not sent before the relay's time ran out (%s); it is left to "
@@ -327,19 +349,6 @@ def _claim(
         on_dead=lambda message, from_state: _report(message, using),
     )
     return claimed.started, len(claimed.dead)
-
-
-def _dispatch(message: OutboxMessage) -> Exception | None:
-    """Dispatch one message; return why it failed, or ``None`` once it is delivered."""
-    dispatcher = get_dispatcher(message.topic)
-    try:
-        if dispatcher is None:
-            msg = f"No outbox dispatcher is registered for the topic {message.topic!r}."
-            raise LookupError(msg)  # retried: a deploy may bring the dispatcher
-        dispatcher(message)
-    except Exception as exc:  # the dispatcher's errors are data: recorded, then retried
-        return exc
-    return None
 
 
 def _record_failure(

@@ -107,8 +107,9 @@ class RabbitMQ:
 
 
 class Proxy:
-    """Forward a local port to ``port``; :meth:`cut` drops every connection open through it, and
-    :meth:`freeze` holds what either side sends, as a broker that stopped answering does."""
+    """Forward a local port to ``port``; :meth:`cut` drops every connection open through it,
+    :meth:`freeze` holds what either side sends, as a broker that stopped answering does, and
+    :meth:`deafen` what the broker sends, as one that takes messages but confirms none does."""
 
     def __init__(self, port: int) -> None:
         self.target = port
@@ -119,6 +120,8 @@ class Proxy:
         self.cuts = 0
         self.flowing = threading.Event()
         self.flowing.set()
+        self.answering = threading.Event()
+        self.answering.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -135,13 +138,19 @@ class Proxy:
             upstream.settimeout(None)
             with self.lock:
                 self.open |= {client, upstream}
-            for source, sink in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, sink), daemon=True).start()
+            for source, sink, gates in (
+                (client, upstream, [self.flowing]),
+                (upstream, client, [self.flowing, self.answering]),
+            ):
+                threading.Thread(target=self._pump, args=(source, sink, gates), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, gates: list[threading.Event]
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                self.flowing.wait()
+                for gate in gates:
+                    gate.wait()
                 sink.sendall(data)
         for end in (source, sink):
             self._close(end)
@@ -166,6 +175,11 @@ class Proxy:
 
     def thaw(self) -> None:
         self.flowing.set()
+        self.answering.set()
+
+    def deafen(self) -> None:
+        """Forward what the client sends, but nothing the broker sends, until :meth:`thaw`."""
+        self.answering.clear()
 
     def close(self) -> None:
         self.listener.close()
