@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -49,7 +50,7 @@ if os.environ.get("TEST_DATABASE") == "postgresql":
         # As where psycopg 3 is not installed: Django then falls back to psycopg2. Set before
         # Django loads its PostgreSQL backend, here and in the processes the tests start.
         sys.modules["psycopg"] = None  # type: ignore[assignment]
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
@@ -109,7 +110,7 @@ TEST_WEBHOOK_SECRETS = ["whsec_dGVzdHMtb25seS1uZXctc2VjcmV0", "tests-only-old-se
 # The test project has lease-mode views: its downstream keys carry a namespace of its own, as
 # every project's that shares a provider account should (W011). Tests that override IDEMPOTENCY
 # run without one.
-IDEMPOTENCY = {"DOWNSTREAM_KEY_NAMESPACE": "django-idempotency-tests"}
+IDEMPOTENCY: dict[str, Any] = {"DOWNSTREAM_KEY_NAMESPACE": "django-idempotency-tests"}
 # For relays that a test kills over and over: their messages are not to run out of attempts.
 if attempts := os.environ.get("TEST_OUTBOX_MAX_ATTEMPTS"):
     IDEMPOTENCY["OUTBOX_MAX_ATTEMPTS"] = int(attempts)
