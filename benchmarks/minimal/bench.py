@@ -1,9 +1,12 @@
 """Measure the library in the minimal project, against a bare copy of each view and a naive floor.
 
     python -m benchmarks.minimal [--database postgresql|mariadb] [--duration S] [--rounds N]
+                                 [--asgi]
 
 Serves ``benchmarks/minimal`` under gunicorn (4 gthread workers x 4 threads by default; persistent
-connections, HTTP Basic with the MD5 hasher), drives it with wrk at 8 connections, and alternates
+connections, HTTP Basic with the MD5 hasher), or with ``--asgi`` under uvicorn (``--workers``
+processes; ``CONN_MAX_AGE = 0``, as Django advises under ASGI: every request opens its database
+connection, in each scenario alike), drives it with wrk at 8 connections, and alternates
 the scenarios round by round after a warm-up round, each round starting one scenario later. Every
 figure is a ratio taken within a round, and the table gives the median of the rounds with their
 range: each idempotent scenario against the bare view, and against its naive floor
@@ -123,6 +126,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument(
+        "--asgi", action="store_true", help="serve under uvicorn, without persistent connections"
+    )
     parser.add_argument("--worker-class", choices=["sync", "gthread"], default="gthread")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-threads", type=int, default=4, help="threads per gthread worker")
@@ -135,12 +141,31 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def environment(args: argparse.Namespace) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "benchmarks.minimal.settings",
         "DATABASE_URL": DATABASES[args.database].url(DATABASE),
         "PYTHONPATH": str(ROOT),
     }
+    if args.asgi:
+        env["BENCH_ASGI"] = "1"
+    return env
+
+
+def server_command(args: argparse.Namespace) -> list[str]:
+    """gunicorn's command line; or, with ``--asgi``, uvicorn's."""
+    if args.asgi:
+        return [
+            sys.executable, "-m", "uvicorn", "benchmarks.minimal.asgi:application",
+            "--host", "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
+            "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+    threads = 1 if args.worker_class == "sync" else args.worker_threads
+    return [
+        sys.executable, "-m", "gunicorn", "benchmarks.minimal.wsgi", "--workers",
+        str(args.workers), "--worker-class", args.worker_class, "--threads", str(threads),
+        "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
+    ]  # fmt: skip
 
 
 def django_admin(env: dict[str, str], *command: str) -> None:
@@ -150,7 +175,8 @@ def django_admin(env: dict[str, str], *command: str) -> None:
 
 @contextlib.contextmanager
 def serve(args: argparse.Namespace) -> Iterator[str]:
-    """A new database, and gunicorn serving the minimal project on it; both gone afterwards."""
+    """A new database, and gunicorn (or uvicorn) serving the minimal project on it; both gone
+    afterwards."""
     server, env = DATABASES[args.database], environment(args)
     server.recreate(DATABASE)
     try:
@@ -165,21 +191,15 @@ def serve(args: argparse.Namespace) -> Iterator[str]:
         django_admin(env, "shell", "-c", create_user)
         import redis  # noqa: PLC0415 - the bench extra
 
-        redis.Redis(db=15).flushdb()
-        threads = 1 if args.worker_class == "sync" else args.worker_threads
-        command = [
-            sys.executable, "-m", "gunicorn", "benchmarks.minimal.wsgi", "--workers",
-            str(args.workers), "--worker-class", args.worker_class, "--threads", str(threads),
-            "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
-        ]  # fmt: skip
-        gunicorn = subprocess.Popen(command, env=env, cwd=ROOT)
+        redis.Redis(db=int(os.environ.get("BENCH_CACHE_DB", "15"))).flushdb()  # settings.CACHES
+        process = subprocess.Popen(server_command(args), env=env, cwd=ROOT)
         try:
             base = f"http://127.0.0.1:{args.port}"
             wait_until_up(base + "/payments/")
             yield base
         finally:
-            gunicorn.terminate()
-            gunicorn.wait(timeout=60)
+            process.terminate()
+            process.wait(timeout=60)
     finally:
         server.drop(DATABASE)
 
@@ -282,11 +302,16 @@ def spread(values: list[float]) -> str:
 
 def report(rounds: dict[str, list[Measure]], args: argparse.Namespace) -> str:
     threads = 1 if args.worker_class == "sync" else args.worker_threads
+    server = (
+        f"uvicorn {args.workers} workers, CONN_MAX_AGE = 0"
+        if args.asgi
+        else f"gunicorn {args.workers} {args.worker_class} workers x {threads} threads"
+    )
     lines = [
         f"{args.rounds} rounds x {args.duration} s after a warm-up round, "
-        f"{args.connections} connections, on {DATABASES[args.database].title}; gunicorn "
-        f"{args.workers} {args.worker_class} workers x {threads} threads. Ratios are taken "
-        "within each round: the median of the rounds, [the lowest to the highest].",
+        f"{args.connections} connections, on {DATABASES[args.database].title}; {server}. "
+        "Ratios are taken within each round: the median of the rounds, [the lowest to the "
+        "highest].",
         "",
     ]
     versus = [(a, b, what) for a, b, what in VERSUS if a in rounds and b in rounds]
