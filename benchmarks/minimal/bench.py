@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from benchmarks.common import ROOT, table
 from benchmarks.databases import DATABASES, NAIVE_EVENT_TABLE, NAIVE_TABLE, scalar
@@ -250,6 +250,18 @@ def settled_rows(args: argparse.Namespace) -> dict[str, int]:
         counted = again
 
 
+def sessions(args: argparse.Namespace) -> int | None:
+    """How many connections the server has accepted to the project's database so far: on
+    PostgreSQL, from its statistics, asked over a connection to another database; else None."""
+    if args.database != "postgresql":
+        return None
+    with DATABASES[args.database].connect("postgres") as connection:
+        counted = scalar(
+            connection, "SELECT sessions FROM pg_stat_database WHERE datname = %s", [DATABASE]
+        )
+    return int(counted)
+
+
 def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Measure:
     """One wrk run of ``scenario``, failing unless it wrote the rows of ``COUNTS`` per request."""
     spec, threads = SCENARIOS[scenario], min(args.threads, args.connections)
@@ -261,6 +273,7 @@ def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Me
         values = {"auth": AUTH, "key": spec["key"], "prefix": key_prefix, "path": spec["path"]}
         script = SPREAD_LUA % {**values, "body": BODY, "keys": args.spread_keys}
     before = settled_rows(args)
+    connected = sessions(args)
     measured = wrk(
         base,
         script,
@@ -269,6 +282,12 @@ def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Me
         connections=args.connections,
         duration=args.duration,
     )
+    if connected is not None:
+        # The answers in flight when wrk stopped, and the statistics of the connections that
+        # served them, settle meanwhile.
+        time.sleep(1)
+        opened = cast("int", sessions(args)) - connected
+        measured["connects"] = max(0, opened - args.connections) / measured["requests"]
     after = settled_rows(args)
     for name, share in COUNTS[scenario].items():
         expected, written = measured["requests"] * share, after[name] - before[name]
@@ -323,21 +342,32 @@ def report(rounds: dict[str, list[Measure]], args: argparse.Namespace) -> str:
     )
     lines.append("")
     header = ["scenario", "req/s (median)", "vs bare", "p50", "p99"]
+    connects = all("connects" in run for runs in rounds.values() for run in runs)
+    if connects:
+        header.append("connections per request")
     body = []
     for name, runs in rounds.items():
         against = "bare-webhook" if "key" not in SCENARIOS[name] else "bare"
         middle = {m: statistics.median(run[m] for run in runs) for m in ("rps", "p50", "p99")}
         vs = spread(ratios(rounds, name, against)) if against in rounds else ""
-        body.append(
-            [
-                f"`{name}`: {DESCRIPTIONS[name]}",
-                f"{middle['rps']:,.0f}",
-                vs,
-                f"{middle['p50']:.1f} ms",
-                f"{middle['p99']:.1f} ms",
-            ]
-        )
+        row = [
+            f"`{name}`: {DESCRIPTIONS[name]}",
+            f"{middle['rps']:,.0f}",
+            vs,
+            f"{middle['p50']:.1f} ms",
+            f"{middle['p99']:.1f} ms",
+        ]
+        if connects:
+            row.append(f"{max(run['connects'] for run in runs):.3f}")
+        body.append(row)
     lines.append(table(header, body))
+    if connects:
+        lines += [
+            "",
+            "Connections per request: the connections PostgreSQL accepted to the database during "
+            "the scenario's runs (less one per wrk connection, for the answers in flight at the "
+            "end), over the requests answered; the highest of the rounds.",
+        ]
     return "\n".join(lines)
 
 
