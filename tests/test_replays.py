@@ -178,3 +178,23 @@ def test_the_writer_keeps_one_connection_while_counts_keep_coming_and_closes_it_
     assert len(opened) == 2
     assert len(writes) >= 4
     assert all(wrapper.connection is None for wrapper in writes)
+
+
+@pytest.mark.server_db
+def test_discarding_the_counts_closes_the_writers_connection_at_once():
+    """So a test suite that discards them can drop its database right after."""
+    writes = []
+
+    def write(model, using, counts):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        writes.append(connections[using])
+
+    counts = DeferredCounts(write, delay=1)  # written after a second, kept a second more
+    counts.add(IdempotencyKey, "default", 1, 1, timezone.now())
+    deadline = time.monotonic() + 10
+    while not writes:
+        assert time.monotonic() < deadline, "the count was never written"
+        time.sleep(0.01)
+    counts.discard()
+    assert writes[0].connection is None

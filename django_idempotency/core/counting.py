@@ -80,6 +80,7 @@ class DeferredCounts:
         self._due: float | None = None  # when the pending counts are to be written (monotonic)
         self._writer: threading.Thread | None = None
         self._idle = False  # the writer is to close its connection now
+        self._connected = False  # the writer may hold a connection
 
     def add(self, model: type[Model], using: str, row_id: int, version: int, at: datetime) -> int:
         """Count one more of ``model``'s row ``row_id`` (at ``version``) at ``at``, to be
@@ -100,7 +101,7 @@ class DeferredCounts:
             if self._due is None:
                 self._due = time.monotonic() + self.delay
                 self._idle = False
-                self._changed.notify()
+                self._changed.notify_all()
             if self._writer is None or not self._writer.is_alive():
                 self._writer = threading.Thread(
                     target=self._run, name="idempotency-counts", daemon=True
@@ -115,7 +116,12 @@ class DeferredCounts:
             self._pending = {}
             self._due = None
             self._idle = True
-            self._changed.notify()
+            self._changed.notify_all()
+            writer = self._writer
+            # Until it has closed the connection (a few milliseconds).
+            self._changed.wait_for(
+                lambda: not self._connected or writer is None or not writer.is_alive(), timeout=5
+            )
 
     def pending(self) -> int:
         """How many counted events wait to be written."""
@@ -151,8 +157,10 @@ class DeferredCounts:
         while True:
             if not self._wait_until_due(idle=self.delay):
                 # Nothing counted for a while: hold no connection while there is nothing to do.
-                connections.close_all()
+                self._disconnect()
                 self._wait_until_due(idle=None)
+            with self._changed:
+                self._connected = True
             try:
                 written_all = self._flush()[1]
             except Exception:  # the writer has no caller to tell
@@ -160,7 +168,13 @@ class DeferredCounts:
                 written_all = False
             if not written_all:
                 # The connection may be what failed: the next write opens a new one.
-                connections.close_all()
+                self._disconnect()
+
+    def _disconnect(self) -> None:
+        connections.close_all()
+        with self._changed:
+            self._connected = False
+            self._changed.notify_all()
 
     def _wait_until_due(self, idle: float | None) -> bool:
         """Wait until counts are due to be written; ``False`` if none came within ``idle``
