@@ -8,7 +8,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from django_idempotency.core.counting import DeferredCounts
@@ -141,3 +142,60 @@ def test_counts_that_cannot_be_written_are_dropped_and_logged(caplog):
         assert counts.flush() == 0
     assert "could not write the deferred counts of 1 rows" in caplog.text
     assert counts.pending() == 0
+
+
+@pytest.mark.server_db
+def test_the_writer_keeps_one_connection_while_counts_keep_coming_and_closes_it_when_idle():
+    """Under CONN_MAX_AGE = 0 each request's connection closes with it: the counts of a steady
+    stream of replays are written on one connection of the writer's, not one a second."""
+    writes, opened = [], []
+
+    def write(model, using, counts):
+        with connections[using].cursor() as cursor:  # the writer thread's own connection
+            cursor.execute("SELECT 1")
+        writes.append(connections[using])
+        if len(writes) == 2:
+            raise DatabaseError("lost")  # the next write opens a new connection
+
+    def count(sender, connection, **kwargs):
+        if threading.current_thread() is not test_thread:
+            opened.append(connection)
+
+    test_thread = threading.current_thread()
+    counts = DeferredCounts(write, delay=0.3)
+    connection_created.connect(count)
+    try:
+        for row in range(40):  # about 6 writes, 0.3 s apart
+            counts.add(IdempotencyKey, "default", row, 1, timezone.now())
+            time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while counts.pending() or writes[-1].connection is not None:
+            assert time.monotonic() < deadline, "the writer kept its connection while idle"
+            time.sleep(0.05)
+    finally:
+        connection_created.disconnect(count)
+    # The first write's connection served the second; the failed write's was closed, and the
+    # writes after it shared a new one; idle, the writer holds none.
+    assert len(opened) == 2
+    assert len(writes) >= 4
+    assert all(wrapper.connection is None for wrapper in writes)
+
+
+@pytest.mark.server_db
+def test_discarding_the_counts_closes_the_writers_connection_at_once():
+    """So a test suite that discards them can drop its database right after."""
+    writes = []
+
+    def write(model, using, counts):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        writes.append(connections[using])
+
+    counts = DeferredCounts(write, delay=1)  # written after a second, kept a second more
+    counts.add(IdempotencyKey, "default", 1, 1, timezone.now())
+    deadline = time.monotonic() + 10
+    while not writes:
+        assert time.monotonic() < deadline, "the count was never written"
+        time.sleep(0.01)
+    counts.discard()
+    assert writes[0].connection is None

@@ -1,9 +1,12 @@
 """Measure the library in the minimal project, against a bare copy of each view and a naive floor.
 
     python -m benchmarks.minimal [--database postgresql|mariadb] [--duration S] [--rounds N]
+                                 [--asgi]
 
 Serves ``benchmarks/minimal`` under gunicorn (4 gthread workers x 4 threads by default; persistent
-connections, HTTP Basic with the MD5 hasher), drives it with wrk at 8 connections, and alternates
+connections, HTTP Basic with the MD5 hasher), or with ``--asgi`` under uvicorn (``--workers``
+processes; ``CONN_MAX_AGE = 0``, as Django advises under ASGI: every request opens its database
+connection, in each scenario alike), drives it with wrk at 8 connections, and alternates
 the scenarios round by round after a warm-up round, each round starting one scenario later. Every
 figure is a ratio taken within a round, and the table gives the median of the rounds with their
 range: each idempotent scenario against the bare view, and against its naive floor
@@ -29,7 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from benchmarks.common import ROOT, table
 from benchmarks.databases import DATABASES, NAIVE_EVENT_TABLE, NAIVE_TABLE, scalar
@@ -123,6 +126,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="wrk threads")
+    parser.add_argument(
+        "--asgi", action="store_true", help="serve under uvicorn, without persistent connections"
+    )
     parser.add_argument("--worker-class", choices=["sync", "gthread"], default="gthread")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--worker-threads", type=int, default=4, help="threads per gthread worker")
@@ -135,12 +141,31 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def environment(args: argparse.Namespace) -> dict[str, str]:
-    return {
+    env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "benchmarks.minimal.settings",
         "DATABASE_URL": DATABASES[args.database].url(DATABASE),
         "PYTHONPATH": str(ROOT),
     }
+    if args.asgi:
+        env["BENCH_ASGI"] = "1"
+    return env
+
+
+def server_command(args: argparse.Namespace) -> list[str]:
+    """gunicorn's command line; or, with ``--asgi``, uvicorn's."""
+    if args.asgi:
+        return [
+            sys.executable, "-m", "uvicorn", "benchmarks.minimal.asgi:application",
+            "--host", "127.0.0.1", "--port", str(args.port), "--workers", str(args.workers),
+            "--lifespan", "off", "--no-access-log", "--log-level", "warning",
+        ]  # fmt: skip
+    threads = 1 if args.worker_class == "sync" else args.worker_threads
+    return [
+        sys.executable, "-m", "gunicorn", "benchmarks.minimal.wsgi", "--workers",
+        str(args.workers), "--worker-class", args.worker_class, "--threads", str(threads),
+        "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
+    ]  # fmt: skip
 
 
 def django_admin(env: dict[str, str], *command: str) -> None:
@@ -150,7 +175,8 @@ def django_admin(env: dict[str, str], *command: str) -> None:
 
 @contextlib.contextmanager
 def serve(args: argparse.Namespace) -> Iterator[str]:
-    """A new database, and gunicorn serving the minimal project on it; both gone afterwards."""
+    """A new database, and gunicorn (or uvicorn) serving the minimal project on it; both gone
+    afterwards."""
     server, env = DATABASES[args.database], environment(args)
     server.recreate(DATABASE)
     try:
@@ -165,21 +191,15 @@ def serve(args: argparse.Namespace) -> Iterator[str]:
         django_admin(env, "shell", "-c", create_user)
         import redis  # noqa: PLC0415 - the bench extra
 
-        redis.Redis(db=15).flushdb()
-        threads = 1 if args.worker_class == "sync" else args.worker_threads
-        command = [
-            sys.executable, "-m", "gunicorn", "benchmarks.minimal.wsgi", "--workers",
-            str(args.workers), "--worker-class", args.worker_class, "--threads", str(threads),
-            "--bind", f"127.0.0.1:{args.port}", "--log-level", "warning",
-        ]  # fmt: skip
-        gunicorn = subprocess.Popen(command, env=env, cwd=ROOT)
+        redis.Redis(db=int(os.environ.get("BENCH_CACHE_DB", "15"))).flushdb()  # settings.CACHES
+        process = subprocess.Popen(server_command(args), env=env, cwd=ROOT)
         try:
             base = f"http://127.0.0.1:{args.port}"
             wait_until_up(base + "/payments/")
             yield base
         finally:
-            gunicorn.terminate()
-            gunicorn.wait(timeout=60)
+            process.terminate()
+            process.wait(timeout=60)
     finally:
         server.drop(DATABASE)
 
@@ -230,6 +250,18 @@ def settled_rows(args: argparse.Namespace) -> dict[str, int]:
         counted = again
 
 
+def sessions(args: argparse.Namespace) -> int | None:
+    """How many connections the server has accepted to the project's database so far: on
+    PostgreSQL, from its statistics, asked over a connection to another database; else None."""
+    if args.database != "postgresql":
+        return None
+    with DATABASES[args.database].connect("postgres") as connection:
+        counted = scalar(
+            connection, "SELECT sessions FROM pg_stat_database WHERE datname = %s", [DATABASE]
+        )
+    return int(counted)
+
+
 def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Measure:
     """One wrk run of ``scenario``, failing unless it wrote the rows of ``COUNTS`` per request."""
     spec, threads = SCENARIOS[scenario], min(args.threads, args.connections)
@@ -241,6 +273,7 @@ def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Me
         values = {"auth": AUTH, "key": spec["key"], "prefix": key_prefix, "path": spec["path"]}
         script = SPREAD_LUA % {**values, "body": BODY, "keys": args.spread_keys}
     before = settled_rows(args)
+    connected = sessions(args)
     measured = wrk(
         base,
         script,
@@ -249,6 +282,12 @@ def run(base: str, scenario: str, args: argparse.Namespace, round_no: int) -> Me
         connections=args.connections,
         duration=args.duration,
     )
+    if connected is not None:
+        # The answers in flight when wrk stopped, and the statistics of the connections that
+        # served them, settle meanwhile.
+        time.sleep(1)
+        opened = cast("int", sessions(args)) - connected
+        measured["connects"] = max(0, opened - args.connections) / measured["requests"]
     after = settled_rows(args)
     for name, share in COUNTS[scenario].items():
         expected, written = measured["requests"] * share, after[name] - before[name]
@@ -282,11 +321,16 @@ def spread(values: list[float]) -> str:
 
 def report(rounds: dict[str, list[Measure]], args: argparse.Namespace) -> str:
     threads = 1 if args.worker_class == "sync" else args.worker_threads
+    server = (
+        f"uvicorn {args.workers} workers, CONN_MAX_AGE = 0"
+        if args.asgi
+        else f"gunicorn {args.workers} {args.worker_class} workers x {threads} threads"
+    )
     lines = [
         f"{args.rounds} rounds x {args.duration} s after a warm-up round, "
-        f"{args.connections} connections, on {DATABASES[args.database].title}; gunicorn "
-        f"{args.workers} {args.worker_class} workers x {threads} threads. Ratios are taken "
-        "within each round: the median of the rounds, [the lowest to the highest].",
+        f"{args.connections} connections, on {DATABASES[args.database].title}; {server}. "
+        "Ratios are taken within each round: the median of the rounds, [the lowest to the "
+        "highest].",
         "",
     ]
     versus = [(a, b, what) for a, b, what in VERSUS if a in rounds and b in rounds]
@@ -298,21 +342,32 @@ def report(rounds: dict[str, list[Measure]], args: argparse.Namespace) -> str:
     )
     lines.append("")
     header = ["scenario", "req/s (median)", "vs bare", "p50", "p99"]
+    connects = all("connects" in run for runs in rounds.values() for run in runs)
+    if connects:
+        header.append("connections per request")
     body = []
     for name, runs in rounds.items():
         against = "bare-webhook" if "key" not in SCENARIOS[name] else "bare"
         middle = {m: statistics.median(run[m] for run in runs) for m in ("rps", "p50", "p99")}
         vs = spread(ratios(rounds, name, against)) if against in rounds else ""
-        body.append(
-            [
-                f"`{name}`: {DESCRIPTIONS[name]}",
-                f"{middle['rps']:,.0f}",
-                vs,
-                f"{middle['p50']:.1f} ms",
-                f"{middle['p99']:.1f} ms",
-            ]
-        )
+        row = [
+            f"`{name}`: {DESCRIPTIONS[name]}",
+            f"{middle['rps']:,.0f}",
+            vs,
+            f"{middle['p50']:.1f} ms",
+            f"{middle['p99']:.1f} ms",
+        ]
+        if connects:
+            row.append(f"{max(run['connects'] for run in runs):.3f}")
+        body.append(row)
     lines.append(table(header, body))
+    if connects:
+        lines += [
+            "",
+            "Connections per request: the connections PostgreSQL accepted to the database during "
+            "the scenario's runs (less one per wrk connection, for the answers in flight at the "
+            "end), over the requests answered; the highest of the rounds.",
+        ]
     return "\n".join(lines)
 
 

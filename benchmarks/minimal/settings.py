@@ -39,7 +39,9 @@ DATABASES = {
         "PASSWORD": unquote(_url.password or ""),
         "HOST": _url.hostname or "",
         "PORT": str(_url.port or ""),
-        "CONN_MAX_AGE": 60,
+        # Under ASGI (benchmarks/minimal/asgi.py), none, as Django advises: each request's
+        # queries run in a thread of the request's own, which a persistent connection outlives.
+        "CONN_MAX_AGE": 0 if os.environ.get("BENCH_ASGI") else 60,
         "OPTIONS": {"charset": "utf8mb4"} if _url.scheme == "mysql" else {},
     }
 }

@@ -22,6 +22,8 @@ urlpatterns = [
     path("anonymous/", views.AnonymousPaymentView.as_view()),
     path("plain/", views.plain_payment),
     path("async/", views.async_payment),
+    path("async/read-first/", views.reads_first(views.async_payment)),
+    path("async/read-first/bare/", views.reads_first(views.bare_async_payment)),
     path("plain-optional/", views.plain_optional),
     path("upload/", views.upload),
     path("streaming/", views.streaming),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from functools import wraps
 
 from django.db import connection
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
@@ -332,6 +333,26 @@ def relay(request):
     with retrying_client(policy) as http:
         response = http.get(request.headers["X-Downstream"])
     return JsonResponse({"downstream": response.status_code}, status=response.status_code)
+
+
+def reads_first(view):
+    """Query the database before ``view`` runs, as authentication does."""
+
+    @wraps(view)
+    async def read_first(request, *args, **kwargs):
+        await Payment.objects.aexists()
+        return await view(request, *args, **kwargs)
+
+    return read_first
+
+
+@csrf_exempt
+async def bare_async_payment(request):
+    """``async_payment`` without ``@idempotent``: its bare twin."""
+    data = json.loads(request.body)
+    payment = await Payment.objects.acreate(amount=data["amount"])
+    await LedgerEntry.objects.acreate(payment=payment, amount=payment.amount)
+    return JsonResponse({"id": payment.pk}, status=201)
 
 
 @csrf_exempt
