@@ -185,10 +185,13 @@ class DeferredCounts:
                 now = time.monotonic()
                 if self._due is not None and self._due <= now:
                     return True
-                if self._due is None and idle_until is not None:
-                    if self._idle or idle_until <= now:
-                        self._idle = False
-                        return False
+                if (
+                    self._due is None
+                    and idle_until is not None
+                    and (self._idle or idle_until <= now)
+                ):
+                    self._idle = False
+                    return False
                 wake = self._due if self._due is not None else idle_until
                 self._changed.wait(None if wake is None else wake - now)
 
