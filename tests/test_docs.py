@@ -265,3 +265,35 @@ def test_every_problem_code_a_page_names_exists():
     ]
     assert len(codes) > 20, "the patterns find almost no code: they are wrong"
     assert [(page, code) for page, code in codes if code not in PROBLEM_CODES] == []
+
+
+# --- the release status, said one way ---------------------------------------------------------
+
+VERSION = re.search(
+    r'^version = "([^"]+)"', (DOCS.parent / "pyproject.toml").read_text(), re.MULTILINE
+)
+INDEX_INSTALL = re.compile(r'^pip install "?django-idempotency\b', re.MULTILINE)
+
+
+def unreleased() -> bool:
+    """Whether the changelog lists the project's version as not yet published."""
+    assert VERSION, "pyproject.toml has no version"
+    heading = re.search(
+        rf"^## {re.escape(VERSION.group(1))} \((.*)\)$",
+        (DOCS.parent / "CHANGELOG.md").read_text(),
+        re.MULTILINE,
+    )
+    assert heading, f"the changelog has no heading for {VERSION.group(1)}"
+    return "unreleased" in heading.group(1)
+
+
+@pytest.mark.parametrize("page", NAMED_PAGES, ids=lambda page: page.name)
+def test_a_page_that_installs_from_the_index_says_how_to_before_a_release(page):
+    """Until the version is published, ``pip install django-idempotency`` fails (or finds another
+    package of that name): a page that shows it says how to install from a checkout."""
+    if not unreleased():
+        pytest.skip("the version is published")
+    text = page.read_text()
+    if INDEX_INSTALL.search(text) and page.name != "installation.md":
+        assert "installation.md#install-the-package" in text
+        assert "No release is on the package index yet" in text
