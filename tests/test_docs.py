@@ -297,3 +297,31 @@ def test_a_page_that_installs_from_the_index_says_how_to_before_a_release(page):
     if INDEX_INSTALL.search(text) and page.name != "installation.md":
         assert "installation.md#install-the-package" in text
         assert "No release is on the package index yet" in text
+
+
+# --- an anonymous key is unguessable ----------------------------------------------------------
+
+CURL = re.compile(r"^curl\b.*?(?<!\\)$", re.MULTILINE | re.DOTALL)
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def anonymous_keys() -> list[tuple[str, str]]:
+    """``(page, key)`` of each curl in a bash block that sends a key without credentials."""
+    found = []
+    for page in NAMED_PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            for command in CURL.findall(block):
+                if re.search(r"\s(?:-u|--user)\s|Authorization:|Cookie:", command):
+                    continue
+                for key in re.findall(r"Idempotency-Key: ([^\"'\s]+)", command):
+                    found.append((page.name, key))
+    return found
+
+
+def test_an_anonymous_request_in_the_docs_sends_an_unguessable_key():
+    """Anonymous clients share one scope: a key another client can guess (an order number)
+    would hand it this request's answer, as the concepts page says. The docs send a UUID."""
+    keys = anonymous_keys()
+    assert keys, "no page sends an anonymous key: the pattern is wrong"
+    guessable = [(page, key) for page, key in keys if not (key.startswith("$") or UUID.match(key))]
+    assert guessable == []
