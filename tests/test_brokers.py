@@ -669,3 +669,34 @@ def test_a_message_recorded_but_never_dispatched_is_processed_when_delivered_aga
     # Now, not a minute later by the periodic run.
     assert InboxEvent.objects.get().status == InboxEvent.Status.PROCESSED
     assert [call[0] for call in handled] == ["m-1"]
+
+
+def test_the_consumer_logs_each_messages_outcome_as_the_webhook_receiver_does(
+    broker, handled, caplog
+):
+    # One record per message with its outcome in the inbox's structured fields, as a webhook
+    # delivery gets: an operator follows a queue in the logs without reading the table.
+    broker.send({"data": {}}, message_id="m-1")
+    broker.send({"data": {}}, message_id="m-1")
+    broker.send({"data": {"other": 1}}, message_id="m-1")
+    broker.send({"data": {"fail": True}}, message_id="m-2")
+    broker.send(b"\x80\x04not json", message_id="m-3", serializer=None, content_type="x/pickle")
+    with caplog.at_level(logging.INFO, logger="django_idempotency"):
+        broker.consume(5)
+    logged = [
+        (record.idempotency_event_id, record.idempotency_outcome, record.levelname)
+        for record in caplog.records
+        if getattr(record, "idempotency_outcome", "received") != "received"
+    ]
+    assert logged == [
+        ("m-1", "processed", "INFO"),
+        ("m-1", "duplicate", "INFO"),
+        ("m-1", "conflict", "WARNING"),
+        ("m-2", "failed", "WARNING"),
+        ("m-3", "dead", "ERROR"),
+    ]
+    assert all(
+        record.idempotency_source == broker.source
+        for record in caplog.records
+        if hasattr(record, "idempotency_outcome")
+    )

@@ -1,23 +1,31 @@
 """The docs keep up with the code: every setting and every check id is documented, every page is
-in the docs site's navigation, and the examples that stand alone run."""
+in the docs site's navigation, the examples that stand alone run and import what they use, and no
+page names a management command, setting or problem code that the code does not have."""
 
 from __future__ import annotations
 
+import ast
+import builtins
 import json
 import os
 import re
 import subprocess
+import symtable
 import sys
+import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from django.core.management import get_commands
 
 from django_idempotency import conf, problems
 from django_idempotency.conf import DEFAULTS
 from django_idempotency.operations import checks
 from django_idempotency.signing import StandardWebhooksSignature
+from tests import docs_project
+from tests.test_docs_samples import PAGES, Block, blocks, is_settings
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 MKDOCS = DOCS.parent / "mkdocs.yml"
@@ -113,3 +121,207 @@ def test_the_changelog_page_is_the_changelog_itself():
     # A link to the file: the docs site shows CHANGELOG.md, and a code host links to it, where an
     # include directive would show as a raw line.
     assert (DOCS / "changelog.md").resolve() == (DOCS.parent / "CHANGELOG.md").resolve()
+
+
+# --- what a runnable block uses, it imports -------------------------------------------------
+
+
+def undefined_names(code: str) -> set[str]:
+    """The names ``code`` reads that nothing in it defines or imports, builtins aside: at the top
+    level, or inside a function or class, where running the block would not find them missing."""
+    try:
+        top = symtable.symtable(code, "<block>", "exec")
+    except SyntaxError:
+        # ``await`` at the top level, which the samples' runner runs in an event loop.
+        wrapped = "async def _block():\n" + textwrap.indent(code, "    ")
+        top = symtable.symtable(wrapped, "<block>", "exec").get_children()[0]
+    defined = {
+        symbol.get_name()
+        for symbol in top.get_symbols()
+        if symbol.is_assigned() or symbol.is_imported() or symbol.is_parameter()
+    }
+    missing: set[str] = set()
+
+    def walk(table: symtable.SymbolTable, outermost: bool) -> None:
+        for symbol in table.get_symbols():
+            name = symbol.get_name()
+            if not symbol.is_referenced() or name in defined:
+                continue
+            # Below the top, a name of an enclosing function is free, not global: defined there.
+            if outermost or symbol.is_global():
+                missing.add(name)
+        for child in table.get_children():
+            walk(child, outermost=False)
+
+    walk(top, outermost=True)
+    return {
+        name
+        for name in missing
+        if not hasattr(builtins, name) and not (name.startswith("__") and name.endswith("__"))
+    }
+
+
+def test_undefined_names_sees_a_name_a_function_reads_and_nothing_imports():
+    code = (
+        "import json\n\ndef save(data):\n    with transaction.atomic():\n        json.dumps(data)\n"
+    )
+    assert undefined_names(code) == {"transaction"}
+    assert undefined_names("async with client:\n    await client.get(url)\n") == {"client", "url"}
+    assert undefined_names(
+        "class A:\n    x = 1\n    def f(self):\n        return [x for x in y]\n"
+    ) == {"y"}
+
+
+def runnable_blocks() -> list[Block]:
+    return [block for block in blocks() if not block.fragment]
+
+
+def settings_names_before(block: Block) -> set[str]:
+    """What the settings blocks above ``block`` on its page import: a settings page builds one
+    settings module (its first block imports ``timedelta`` for the rest)."""
+    names: set[str] = set()
+    for earlier in runnable_blocks():
+        if earlier.page != block.page or earlier.line >= block.line:
+            continue
+        tree = ast.parse(earlier.code)
+        if is_settings(tree):
+            imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+            names.update(
+                (alias.asname or alias.name).partition(".")[0]
+                for node in imports
+                for alias in node.names
+            )
+    return names
+
+
+@pytest.mark.parametrize("block", runnable_blocks(), ids=lambda block: block.where)
+def test_a_runnable_block_imports_what_it_uses(block):
+    """A block not marked as a fragment is a program a reader can paste: each name it uses is
+    imported or defined in it. The reader's own models, serializer and services
+    (``docs_project.PROJECT``) are the exception, as the samples' runner gives them."""
+    given = set(docs_project.PROJECT)
+    if is_settings(ast.parse(block.code)):
+        given |= settings_names_before(block)
+    assert undefined_names(block.code) - given == set(), (
+        f"{block.where} uses names it never imports"
+    )
+
+
+# --- what a page names, the code has ---------------------------------------------------------
+
+# Every page a reader may read, the changelog aside: it names what was, too.
+NAMED_PAGES = [page for page in [*PAGES, DOCS.parent / "CONTRIBUTING.md"] if not page.is_symlink()]
+EXAMPLE_COMMANDS = DOCS.parent / "example_project" / "payments" / "management" / "commands"
+
+
+def named(pattern: str) -> list[tuple[str, str]]:
+    """``(page, the first group)`` of each match of ``pattern`` in the pages."""
+    return [
+        (page.relative_to(DOCS.parent).as_posix(), match.group(1))
+        for page in NAMED_PAGES
+        for match in re.finditer(pattern, page.read_text())
+    ]
+
+
+def test_every_management_command_a_page_runs_exists():
+    commands = set(get_commands()) | {path.stem for path in EXAMPLE_COMMANDS.glob("[a-z]*.py")}
+    ran = named(r"(?:manage\.py|django-admin)\s+([a-z][a-z_]*)")
+    assert ran, "no page runs a command: the pattern is wrong"
+    assert [(page, name) for page, name in ran if name not in commands] == []
+
+
+def test_every_setting_key_a_page_names_exists():
+    keys = [
+        *named(r"IDEMPOTENCY\[['\"](\w+)['\"]\]"),
+        # The keys of an IDEMPOTENCY = {...} dict, in a code block or inline.
+        *[
+            (page, key)
+            for page, body in named(r"IDEMPOTENCY\s*=\s*\{(.*?)\}")
+            for key in re.findall(r"[\"']([A-Z][A-Z0-9_]*)[\"']\s*:", body)
+        ],
+        # A link to the settings page named as a setting: [`WAIT_TIMEOUT`](settings.md#...).
+        *named(r"\[`([A-Z][A-Z0-9_]*)`\]\(settings\.md#"),
+    ]
+    assert len(keys) > 20, "the patterns find almost no setting: they are wrong"
+    assert [(page, key) for page, key in keys if key not in DEFAULTS] == []
+    headings = re.findall(r"^### ([A-Z][A-Z0-9_]*)$", (DOCS / "settings.md").read_text(), re.M)
+    assert set(headings) - set(DEFAULTS) == set()
+
+
+PROBLEM_CODES = {
+    value.code for value in vars(problems).values() if isinstance(value, problems.Problem)
+}
+PREFIXES = "|".join(
+    sorted({re.escape(code.partition(".")[0]) for code in PROBLEM_CODES if "." in code})
+)
+
+
+def test_every_problem_code_a_page_names_exists():
+    codes = [
+        *named(r'"code": "([\w.]+)"'),  # an answer's body
+        *named(r"tag:django-idempotency,\d{4}:([\w.]+)"),  # its type
+        *named(r"^\| `([\w.]+)` \| \d{3} \|"),  # a row of the errors page's tables
+        *named(rf"\b[1-5]\d\d`? `?((?:{PREFIXES})\.[a-z_]+)\b"),  # `409 idempotency.in_progress`
+    ]
+    assert len(codes) > 20, "the patterns find almost no code: they are wrong"
+    assert [(page, code) for page, code in codes if code not in PROBLEM_CODES] == []
+
+
+# --- the release status, said one way ---------------------------------------------------------
+
+VERSION = re.search(
+    r'^version = "([^"]+)"', (DOCS.parent / "pyproject.toml").read_text(), re.MULTILINE
+)
+INDEX_INSTALL = re.compile(r'^pip install "?django-idempotency\b', re.MULTILINE)
+
+
+def unreleased() -> bool:
+    """Whether the changelog lists the project's version as not yet published."""
+    assert VERSION, "pyproject.toml has no version"
+    heading = re.search(
+        rf"^## {re.escape(VERSION.group(1))} \((.*)\)$",
+        (DOCS.parent / "CHANGELOG.md").read_text(),
+        re.MULTILINE,
+    )
+    assert heading, f"the changelog has no heading for {VERSION.group(1)}"
+    return "unreleased" in heading.group(1)
+
+
+@pytest.mark.parametrize("page", NAMED_PAGES, ids=lambda page: page.name)
+def test_a_page_that_installs_from_the_index_says_how_to_before_a_release(page):
+    """Until the version is published, ``pip install django-idempotency`` fails (or finds another
+    package of that name): a page that shows it says how to install from a checkout."""
+    if not unreleased():
+        pytest.skip("the version is published")
+    text = page.read_text()
+    if INDEX_INSTALL.search(text) and page.name != "installation.md":
+        assert "installation.md#install-the-package" in text
+        assert "No release is on the package index yet" in text
+
+
+# --- an anonymous key is unguessable ----------------------------------------------------------
+
+CURL = re.compile(r"^curl\b.*?(?<!\\)$", re.MULTILINE | re.DOTALL)
+UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+
+
+def anonymous_keys() -> list[tuple[str, str]]:
+    """``(page, key)`` of each curl in a bash block that sends a key without credentials."""
+    found = []
+    for page in NAMED_PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), re.DOTALL):
+            for command in CURL.findall(block):
+                if re.search(r"\s(?:-u|--user)\s|Authorization:|Cookie:", command):
+                    continue
+                for key in re.findall(r"Idempotency-Key: ([^\"'\s]+)", command):
+                    found.append((page.name, key))
+    return found
+
+
+def test_an_anonymous_request_in_the_docs_sends_an_unguessable_key():
+    """Anonymous clients share one scope: a key another client can guess (an order number)
+    would hand it this request's answer, as the concepts page says. The docs send a UUID."""
+    keys = anonymous_keys()
+    assert keys, "no page sends an anonymous key: the pattern is wrong"
+    guessable = [(page, key) for page, key in keys if not (key.startswith("$") or UUID.match(key))]
+    assert guessable == []

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -98,7 +99,12 @@ def test_the_tutorial_does_what_it_says(project):
         at = f"127.0.0.1:{port}"
         curls = [c.replace("127.0.0.1:8000", at) for c in commands(text) if c.startswith("curl")]
         assert len(curls) == 3
-        answers = [run("bash", "-c", command) for command in curls]
+        # The page's key, made once as its one line does, and sent by each curl as the reader's
+        # shell would: a random UUID, since the requests are anonymous.
+        (make_key,) = [c for c in commands(text) if c.startswith("KEY=")]
+        key = run("bash", "-c", f'{make_key} && printf %s "$KEY"')
+        assert uuid.UUID(key).version == 4
+        answers = [run("bash", "-c", f"KEY={key}; {command}") for command in curls]
         stored, replayed, refused = answers
         assert stored.startswith("HTTP/1.1 201")
         assert "Idempotency-Status: stored" in stored

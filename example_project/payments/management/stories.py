@@ -151,6 +151,10 @@ def refund_replayed(host: str) -> Story:
     story.exchange(f"POST refund 5000, {short(key)}", over.describe())
     over_again = alice.post(REFUNDS, too_much, key)
     story.exchange("the same over-refund again", over_again.describe())
+    # By default a 400 is an invalid request, not kept; the README says so. Say why this one is.
+    story.exchange("the 400 is kept: the refund view", "a business answer, kept and replayed")
+    story.exchange("sets invalid_request_status_codes", "(by default a 400 is not kept)")
+    story.exchange("= (422,): only a 422 is invalid", "")
     story.effect = marks.effect()
     refunds = marks.new_refunds()
     story.expect(payment.status == 201, "payment not created")
