@@ -175,25 +175,15 @@ def _values(event: InboxEvent, connection: BaseDatabaseWrapper) -> list[Any]:
     # On PostgreSQL, the JSON and the times as text, which the server reads as the columns'
     # types: the same values in half the time that the fields' preparation, then psycopg's
     # dumpers of a Jsonb and a datetime, took to put them in the statement.
-    payload, headers, next_attempt_at = event.payload, event.headers, event.next_attempt_at
-    return [
-        event.source,
-        event.event_id,
-        event.event_type,
+    values = {name: getattr(event, _field(name).attname) for name in _INSERT_FIELDS}
+    for name in ("payload", "headers"):
         # None is SQL NULL, as the JSONField saves it (and refused by the column).
-        None if payload is None else json.dumps(payload),
-        event.payload_hash,
-        None if headers is None else json.dumps(headers),
-        event.status,
-        event.attempts,
-        _field("received_at").get_prep_value(event.received_at).isoformat(),
-        event.deliveries,
-        None
-        if next_attempt_at is None
-        else _field("next_attempt_at").get_prep_value(next_attempt_at).isoformat(),
-        event.last_error,
-        event.last_traceback,
-    ]
+        if values[name] is not None:
+            values[name] = json.dumps(values[name])
+    for name in ("received_at", "next_attempt_at"):
+        if values[name] is not None:
+            values[name] = _field(name).get_prep_value(values[name]).isoformat()
+    return list(values.values())
 
 
 @cache
