@@ -57,9 +57,14 @@ def effects(database, names=ONE_PAYMENT):
     return {name: counted[name] for name in names}
 
 
-def writing(database) -> int:
-    """Transactions on the served database that have written (a claimed key, in atomic mode)."""
+def holding(database) -> int:
+    """Transactions on the served database that hold a key: by its advisory lock (atomic mode
+    on PostgreSQL, before the view writes anything), or a row they have written."""
     return database.count(
+        "pg_locks",
+        "locktype = 'advisory' AND granted AND pid <> pg_backend_pid() "
+        "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    ) + database.count(
         "pg_stat_activity",
         "datname = current_database() AND backend_type = 'client backend' "
         "AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
@@ -130,7 +135,7 @@ def test_a_client_that_hangs_up_mid_request_neither_burns_nor_blocks_its_key(
     # gets the one payment: replayed, or made now, once.
     path, key = VIEWS[view], f"hang-up-{view}"
     pending = server.open_request("POST", path, PAYMENT_BODY, key=key)
-    wait_for(lambda: writing(database), timeout=10, what="the view to run, its key claimed")
+    wait_for(lambda: holding(database), timeout=10, what="the view to run, its key held")
     pending.hang_up()
 
     retry, _ = until_answered(server, path, key)
@@ -152,7 +157,7 @@ def test_a_worker_killed_mid_request_is_recovered_by_the_retry(server, database,
     # dies with its connection, the key with it, and the retry runs the view once.
     path, key = VIEWS[view], f"killed-{view}"
     pending = server.open_request("POST", path, PAYMENT_BODY, key=key)
-    wait_for(lambda: writing(database), timeout=10, what="the view to run, its key claimed")
+    wait_for(lambda: holding(database), timeout=10, what="the view to run, its key held")
     server.kill(server.worker_serving(pending))
     with pytest.raises(ConnectionResetError):  # the server hung up on it: no answer
         pending.answer()
