@@ -255,18 +255,22 @@ class KeyStore:
         now: datetime,
     ) -> bool:
         """Store the response on the claimed row. ``False`` if another request took it over."""
-        params = [
-            "succeeded",
+        response = self._response(status, headers, body, now)
+        params = ["succeeded", *response, claim.id, claim.lease_version]
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.complete, params)
+            return bool(cursor.rowcount == 1)
+
+    def _response(
+        self, status: int, headers: list[tuple[str, str]], body: bytes, now: datetime
+    ) -> list[Any]:
+        """A completion's values, in the order of ``statements.COMPLETED``."""
+        return [
             status,
             self._prep("response_headers", headers),
             self._prep("response_body", body),
             self._prep("completed_at", now),
-            claim.id,
-            claim.lease_version,
         ]
-        with self.connection.cursor() as cursor:
-            cursor.execute(self.sql.complete, params)
-            return bool(cursor.rowcount == 1)
 
     def fail(self, claim: Claim) -> bool:
         """Mark the claimed row failed, so the next request takes it over. Fenced like complete."""
@@ -378,15 +382,8 @@ class PostgreSQLKeyStore(KeyStore):
         written.update(
             state="succeeded", lease_version=claim.lease_version, attempts=claim.attempts
         )
-        params = [
-            *written.values(),
-            status,
-            self._prep("response_headers", headers),
-            self._prep("response_body", body),
-            self._prep("completed_at", now),
-            claim.id,
-            claim.lease_version - 1,
-        ]
+        response = self._response(status, headers, body, now)
+        params = [*written.values(), *response, claim.id, claim.lease_version - 1]
         with self.connection.cursor() as cursor:
             cursor.execute(self.atomic.store, params)
             return bool(cursor.rowcount == 1)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 PURGE_EVERY = 60.0
 
 
-class QueueCommand(BaseCommand):
+class QueueCommand(BaseCommand, metaclass=ABCMeta):
     """A command over a table of the retry queue: :meth:`run_once`, or its :meth:`worker`."""
 
     #: What the command takes from its table, as its options' help names them.
@@ -74,18 +75,18 @@ class QueueCommand(BaseCommand):
         run_worker(self.worker(options), stop=stop, interval=interval, report=report)
         self.stdout.write("Stopped.")
 
+    @abstractmethod
     def run_once(self, options: dict[str, Any]) -> None:
         """Take what is due once, and say what was done."""
-        raise NotImplementedError
 
+    @abstractmethod
     def worker(self, options: dict[str, Any]) -> Worker[Any]:
         """The worker that ``--forever`` runs."""
-        raise NotImplementedError
 
+    @abstractmethod
     def report(self, result: Any) -> None:
         """Say what a step of the worker did, if anything."""
-        raise NotImplementedError
 
+    @abstractmethod
     def purge(self) -> None:
         """Delete the old jobs that are done, and say how many."""
-        raise NotImplementedError
