@@ -81,6 +81,7 @@ ROOMS = (
     "brokers",
     "client",
     "core",
+    "django_tasks",
     "inbox",
     "management",
     "operations",

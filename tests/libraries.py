@@ -12,6 +12,8 @@ IMPORTED_BY = {
     "drf_spectacular": ("openapi",),
     "ninja": ("ninja",),
     "celery": ("tasks", "celery"),
+    # Before Django 6.0, which ships the framework as django.tasks.
+    "django_tasks": ("django_tasks",),
     "kombu": ("brokers",),
     "tenacity": ("client",),
     "httpx": ("client",),

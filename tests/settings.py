@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from importlib.util import find_spec
 from typing import Any
 
 SECRET_KEY = "tests-only-not-secret"
@@ -114,3 +115,14 @@ IDEMPOTENCY: dict[str, Any] = {"DOWNSTREAM_KEY_NAMESPACE": "django-idempotency-t
 # For relays that a test kills over and over: their messages are not to run out of attempts.
 if attempts := os.environ.get("TEST_OUTBOX_MAX_ATTEMPTS"):
     IDEMPOTENCY["OUTBOX_MAX_ATTEMPTS"] = int(attempts)
+
+# Django's Tasks framework (django.tasks from Django 6.0, the django_tasks backport before it):
+# the immediate backend runs a task where it is enqueued; django-tasks-db's backend keeps it for
+# its db_worker, which the worker tests start.
+_TASKS_PACKAGE = "django.tasks" if find_spec("django.tasks") else "django_tasks"
+TASKS: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": f"{_TASKS_PACKAGE}.backends.immediate.ImmediateBackend"}
+}
+if find_spec(_TASKS_PACKAGE) and find_spec("django_tasks_db"):
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS["database"] = {"BACKEND": "django_tasks_db.DatabaseBackend"}

@@ -16,19 +16,19 @@ from django.test import RequestFactory, override_settings
 from django.utils import timezone
 
 from django_idempotency import signals
-from django_idempotency.celery import (
-    TaskInProgress,
-    TaskKeyInvalid,
-    TaskKeyMissing,
-    TaskPayloadMismatch,
-    arguments_fingerprint,
-    idempotent_task,
-)
+from django_idempotency.celery import idempotent_task
 from django_idempotency.core import canonical
 from django_idempotency.core.correlation import get_correlation_id
 from django_idempotency.core.engine import Engine
 from django_idempotency.core.keyed_request import handle
 from django_idempotency.core.store import KeyStore
+from django_idempotency.core.task_runs import arguments_fingerprint
+from django_idempotency.exceptions import (
+    TaskInProgress,
+    TaskKeyInvalid,
+    TaskKeyMissing,
+    TaskPayloadMismatch,
+)
 from django_idempotency.keys import downstream_key
 from django_idempotency.models import IdempotencyKey
 from django_idempotency.policy import Policy

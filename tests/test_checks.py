@@ -17,6 +17,7 @@ from django.urls import include, path
 from rest_framework.views import APIView
 
 from django_idempotency import conf
+from django_idempotency.core import task_runs
 from django_idempotency.core.databases import behind_pooler
 from django_idempotency.decorators import idempotent
 from django_idempotency.drf import IdempotentMixin
@@ -517,10 +518,8 @@ def ninja_urlconf(mode):
 @pytest.fixture
 def no_tasks(monkeypatch):
     """Forget the idempotent tasks that other test modules declared."""
-    from django_idempotency import celery  # noqa: PLC0415
-
-    monkeypatch.setattr(celery, "DECLARED_TASKS", {})
-    return celery.DECLARED_TASKS
+    monkeypatch.setattr(task_runs, "DECLARED_TASKS", {})
+    return task_runs.DECLARED_TASKS
 
 
 LEASE_VIEW = (urlconf(LeaseView.as_view(), AtomicView.as_view()), {}, LeaseView)

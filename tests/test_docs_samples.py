@@ -78,6 +78,7 @@ from django.test import Client, override_settings
 from django.test.client import RequestFactory
 from django.urls import clear_url_caches, path
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.settings import api_settings
@@ -267,8 +268,19 @@ def prove_beat_schedule(value: dict[str, Any], client: Client) -> None:
         assert isinstance(entry["schedule"], timedelta | int | float | schedules.schedule)
 
 
+def prove_tasks(value: dict[str, Any], client: Client) -> None:
+    for alias, backend in value.items():
+        path = backend["BACKEND"]
+        if importlib.util.find_spec("django.tasks") is None:
+            # Before Django 6.0 the backport has the same backends, as the page says.
+            path = path.replace("django.tasks.", "django_tasks.", 1)
+        backend_class = import_string(path)
+        assert list(backend_class(alias=alias, params=backend).check()) == []
+
+
 PROVE: dict[str, Callable[[Any, Client], None]] = {
     "CELERY_BEAT_SCHEDULE": prove_beat_schedule,
+    "TASKS": prove_tasks,
     "IDEMPOTENCY": prove_idempotency,
     "MIDDLEWARE": prove_middleware,
     "CACHES": prove_caches,
@@ -304,7 +316,7 @@ def run_settings(block: Block, client: Client) -> None:
         # A block shows the keys it is about; the project keeps its others (its namespace).
         overrides["IDEMPOTENCY"] = {**settings.IDEMPOTENCY, **overrides["IDEMPOTENCY"]}
     # Settings that a test process must keep as they are are proved without being put in place.
-    for name in ("INSTALLED_APPS", "DATABASES", "LOGGING"):
+    for name in ("INSTALLED_APPS", "DATABASES", "LOGGING", "TASKS"):
         overrides.pop(name, None)
     with override_settings(**overrides):
         for name, value in values.items():

@@ -64,6 +64,16 @@ def test_celery_is_imported_by_the_two_modules_built_on_it(graph):
     assert graph.find_downstream_modules(adapter) == set()
 
 
+def test_the_tasks_framework_s_adapter_is_imported_by_its_own_modules_alone(graph):
+    # The framework is optional before Django 6.0: the adapter imports it (by name), and only
+    # the periodic tasks built on the adapter, and the command that enqueues them, import it.
+    adapter = f"{PACKAGE}.django_tasks"
+    assert graph.find_modules_that_directly_import(adapter) == {f"{adapter}.lifecycle"}
+    assert graph.find_modules_that_directly_import(f"{adapter}.lifecycle") == {
+        f"{PACKAGE}.management.commands.idempotency_enqueue"
+    }
+
+
 def test_the_openapi_contract_imports_neither_framework(graph):
     # The DRF and Ninja schemas both render it, and each framework is an optional extra.
     imported = graph.find_upstream_modules(f"{PACKAGE}.core.openapi_contract")

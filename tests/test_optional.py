@@ -27,6 +27,14 @@ from tests.libraries import IMPORTED_BY, without
         ("ninja", "ninja", "ninja"),
         ("tasks", "celery", "celery"),
         ("celery", "celery", "celery"),
+        pytest.param(
+            "django_tasks",
+            "django_tasks",
+            "tasks",
+            marks=pytest.mark.skipif(
+                installed("django.tasks"), reason="Django 6.0+ ships the framework"
+            ),
+        ),
         ("brokers", "kombu", "brokers"),
         ("client", "tenacity", "client"),
         ("operations.metrics", "prometheus_client", "metrics"),
@@ -197,6 +205,8 @@ def test_a_plain_install_starts_checks_migrates_and_imports():
         "django_idempotency.operations.metrics": "metrics",
         "django_idempotency.operations.tracing": "tracing",
     }
+    if not installed("django.tasks"):  # Django 6.0+ ships the Tasks framework
+        needs["django_idempotency.django_tasks"] = "tasks"
     for module, result in outcome.items():
         if module in needs:
             assert f'pip install "django-idempotency[{needs[module]}]"' in result, module

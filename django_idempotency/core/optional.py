@@ -22,6 +22,8 @@ class Extra(NamedTuple):
 EXTRAS: dict[str, Extra] = {
     "drf": Extra("rest_framework", "djangorestframework"),
     "celery": Extra("celery", "celery"),
+    # Django's Tasks framework before Django 6.0, which ships it as django.tasks.
+    "tasks": Extra("django_tasks", "django-tasks"),
     "brokers": Extra("kombu", "kombu"),
     "client": Extra("tenacity", "tenacity"),
     "openapi": Extra("drf_spectacular", "drf-spectacular"),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
@@ -17,6 +16,7 @@ from django.core.checks import Error, Tags, Warning, register
 from django.db import DEFAULT_DB_ALIAS, connections, router
 
 from django_idempotency.conf import DEFAULTS, RULES
+from django_idempotency.core import task_runs
 from django_idempotency.core.databases import SUPPORTED_VENDORS, behind_pooler
 from django_idempotency.operations.urlconf import (
     VIEW_ATTRIBUTES,
@@ -482,10 +482,8 @@ def check_downstream_namespace(
 def _givers_of_downstream_keys(mode: str) -> list[tuple[str, Any]]:
     """What hands a provider downstream keys: a description of each, and the object."""
     found = lease_mode_views(mode)
-    # The adapter's module is imported by the project's tasks if any is idempotent; Celery is
-    # optional.
-    tasks = sys.modules.get("django_idempotency.celery")
-    for name, (task_mode, takes_key) in getattr(tasks, "DECLARED_TASKS", {}).items():
+    # The idempotent tasks declared with either adapter (Celery's, Django's Tasks framework's).
+    for name, (task_mode, takes_key) in task_runs.DECLARED_TASKS.items():
         if task_mode == "lease":
             found.append((f"The lease-mode task {name}", None))
         elif takes_key:
