@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -230,6 +231,15 @@ PROVIDER_WEBHOOK_SECRETS = os.environ.get(
 
 # /metrics/ answers staff, and a scraper that sends "Authorization: Bearer <this token>".
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+
+# Django's Tasks framework (django.tasks from Django 6.0, the django-tasks backport before it):
+# the immediate backend runs each task where it is enqueued, with no worker.
+TASKS = {
+    "default": {
+        "BACKEND": ("django.tasks" if find_spec("django.tasks") else "django_tasks")
+        + ".backends.immediate.ImmediateBackend"
+    }
+}
 
 # Print each idempotency decision (stored, replayed, mismatch, ...) on the console.
 # Celery: eager (no broker) unless CELERY_BROKER_URL is set. The beat schedule is the one the

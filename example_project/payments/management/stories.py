@@ -22,6 +22,7 @@ from django_idempotency.models import IdempotencyKey, InboxEvent, OutboxMessage
 from django_idempotency.outbox import redeliver
 from django_idempotency.signing import StripeSignature
 from payments import provider
+from payments.jobs import write_receipt
 from payments.management.storytelling import (
     CHARGES,
     PAYMENTS,
@@ -431,6 +432,22 @@ def broker_redelivery(host: str) -> Story:
     return story
 
 
+def receipt_job(host: str) -> Story:
+    story, marks, alice = Story("n. Django task, 3 times"), Marks.now(), Api("alice", host)
+    payment = alice.post(PAYMENTS, payment_data(2400, "receipt by Django task"), new_key())
+    payment_id = payment.data.get("id")
+    story.exchange("POST payment 2400 eur, a key", payment.describe())
+    # Django's Tasks framework, on its immediate backend: each enqueue runs the task here.
+    results = [write_receipt.enqueue(payment_id) for _ in range(3)]
+    values = [result.return_value for result in results]
+    story.exchange("write_receipt enqueued 3 times", f"all return receipt {values[0]['receipt']}")
+    story.effect = marks.effect()
+    story.expect(payment.status == 201, "payment not created")
+    story.expect(all(value == values[0] for value in values), "a run got another result")
+    story.expect(len(marks.new(ReceiptEmail)) == 1, "the receipt was not written exactly once")
+    return story
+
+
 STORIES: list[Callable[[str], Story]] = [
     double_click,
     lost_response,
@@ -445,4 +462,5 @@ STORIES: list[Callable[[str], Story]] = [
     lost_update,
     receipt_task,
     broker_redelivery,
+    receipt_job,
 ]
