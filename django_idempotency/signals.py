@@ -92,11 +92,12 @@ inbox_event_dead = Signal()
 inbox_delivery_refused = Signal()
 
 
-# The idempotent tasks' signal is sent with ``sender`` set to the Celery task, and ``task`` (its
+# The idempotent tasks' signal is sent with ``sender`` set to the task (Celery's, or the Tasks
+# framework's), and ``task`` (its
 # name), ``key``, ``scope``, ``outcome`` (``stored``, ``replayed``, ``mismatch``, ``in_progress``
 # or ``not_stored``), ``attempt`` and ``error`` (what the body raised, or ``None``).
 
-#: An idempotent Celery task's delivery was decided.
+#: An idempotent task's run (a Celery delivery, or a run of the Tasks framework) was decided.
 task_decided = Signal()
 
 

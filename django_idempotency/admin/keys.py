@@ -115,7 +115,7 @@ class MethodFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         methods = [(method, method) for method in sorted(UNSAFE_METHODS)]
-        return [*methods, (TASK_METHOD, _("Celery task"))]
+        return [*methods, (TASK_METHOD, _("task"))]
 
     def queryset(
         self, request: HttpRequest, queryset: QuerySet[IdempotencyKey]
@@ -265,12 +265,12 @@ class IdempotencyKeyAdmin(_ReadOnlyAdmin):
     @admin.display(description=_("who"))
     def who(self, obj: IdempotencyKey) -> str:
         """The principal as a person reads it: a username, linked to the user's page; a
-        Celery task's key says so (its name is the operation). Cut short, whole on hover."""
+        task's key says so (its name is the operation). Cut short, whole on hover."""
         principal = _principal(obj.scope)
         name, url = getattr(obj, "_principal", (principal, None))
         if obj.method == TASK_METHOD:
             tenant = obj.scope.partition("|tenant:")[2]
-            name, url = (f"tenant {tenant}" if tenant else _("Celery task")), None
+            name, url = (f"tenant {tenant}" if tenant else _("task")), None
         cut = format_html('<span class="idempotency-cut" title="{}">{}</span>', principal, name)
         if url:
             return format_html('<a href="{}">{}</a>', url, cut)

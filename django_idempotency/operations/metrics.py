@@ -17,8 +17,9 @@ example project's view) exposes them too:
 - ``django_idempotency_inbox_refused_total{source, reason}``: deliveries refused before
   anything was recorded, by the problem's code (``inbox.signature_invalid`` for a forged or
   tampered one, ``inbox.signature_expired``, ``inbox.payload_too_large``, …);
-- ``django_idempotency_tasks_total{outcome, task}``: deliveries of idempotent Celery tasks, by
-  outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``, ``not_stored``) and task;
+- ``django_idempotency_tasks_total{outcome, task}``: runs of idempotent tasks (Celery's and the
+  Tasks framework's), by outcome (``stored``, ``replayed``, ``mismatch``, ``in_progress``,
+  ``not_stored``) and task;
 - ``django_idempotency_lease_renewals_total``: leases of running lease-mode requests renewed;
 - ``django_idempotency_lease_takeovers_total{route}``: keys taken over by a retry after their
   lease ran out, by URL pattern (or task name);
