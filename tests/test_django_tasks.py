@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -197,6 +197,8 @@ def test_the_periodic_work_runs_as_tasks():
         )
     }
     assert outcomes == dict.fromkeys(outcomes, 0)
+    # An event that is not there (processed and purged, say) is skipped.
+    assert lifecycle.process_inbox_event.enqueue(0).return_value == "skipped"
     # A worker imports each by its path.
     for name in lifecycle.__all__:
         task = getattr(lifecycle, name)
@@ -225,3 +227,9 @@ def test_the_enqueue_command_sends_a_periodic_task_to_the_worker(capsys):
     assert IdempotencyKey.objects.exists()  # not yet: the worker runs it
     run_worker()
     assert not IdempotencyKey.objects.exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [("{", "not JSON"), ("[1]", "a JSON object")])
+def test_the_enqueue_command_refuses_keyword_arguments_that_are_not_a_json_object(kwargs, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("idempotency_enqueue", "relay_outbox", "--kwargs", kwargs)
