@@ -30,7 +30,8 @@ def mark(path: str | None, line: str) -> None:
             file.write(line + "\n")
 
 
-@idempotent_task(key=lambda label, *_, **__: label, backend="database", wait_timeout=5.0)
+# A run waits for the killed run's transaction to be rolled back by the database.
+@idempotent_task(key=lambda label, *_, **__: label, backend="database", wait_timeout=10.0)
 def refund(
     label: str, amount: int, *, started: str | None = None, hold: str | None = None
 ) -> dict[str, object]:
