@@ -363,14 +363,30 @@ def wrk(
     base: str, script: str, scenario: str, *, threads: int, connections: int, duration: int
 ) -> Measure:
     """Run wrk's ``script`` against ``base``; fail on any answer but a 2xx or 3xx."""
+    with wrk_command(base, script, threads, connections, duration) as command:
+        output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    return parse_wrk(output, scenario, connections)
+
+
+@contextlib.contextmanager
+def wrk_command(
+    base: str, script: str, threads: int, connections: int, duration: int
+) -> Iterator[list[str]]:
+    """wrk's command line for ``script``, which is written to a file for as long as it runs."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
         handle.write(script)
-    command = [
-        "wrk", "--latency", "--timeout", "30s", "-t", str(threads), "-c", str(connections),
-        "-d", f"{duration}s", "-s", handle.name, base,
-    ]  # fmt: skip
-    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
-    Path(handle.name).unlink()
+    try:
+        yield [
+            "wrk", "--latency", "--timeout", "30s", "-t", str(threads), "-c", str(connections),
+            "-d", f"{duration}s", "-s", handle.name, base,
+        ]  # fmt: skip
+    finally:
+        Path(handle.name).unlink()
+
+
+def parse_wrk(output: str, scenario: str, connections: int) -> Measure:
+    """wrk's report: requests, requests per second, p50 and p99; fail on any answer but a 2xx or
+    3xx."""
     errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
     if errors:
         raise SystemExit(f"{scenario}: {errors.group(1)} non-2xx answers\n{output}")
