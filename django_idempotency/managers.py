@@ -35,14 +35,15 @@ class IdempotencyKeyManager(models.Manager[M]):
         *,
         now: datetime | None = None,
         batch_size: int = 10_000,
-        pause: float = 0.0,
+        pause: float | None = None,
         max_seconds: float | None = None,
     ) -> PurgeResult:
         """Delete keys past their expiry, ``batch_size`` ids at a time, each batch committed alone.
 
         Walks the primary key from the oldest expired key to the newest at the start, so each
         batch is a short range delete that holds its locks only until it commits; call it
-        outside a transaction. ``pause`` seconds between batches throttle the run;
+        outside a transaction. After each batch the run sleeps ``pause`` seconds, by default as
+        long as the batch took, leaving the traffic at least half of the database's time;
         ``max_seconds`` bounds it (the next run carries on). Safe in several processes at once.
         """
         expired = Done("expires_at", "<=", now or timezone.now())

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models.signals import post_delete
 from django.utils import timezone
 
-from django_idempotency.core.purging import Done, delete_in_batches
+from django_idempotency.core.purging import Done, _statements, delete_in_batches
 from django_idempotency.models import IdempotencyKey, InboxEvent
 from django_idempotency.tasks import purge_expired_keys
 from tests.factories import IdempotencyKeyFactory, InboxEventFactory
@@ -111,6 +111,39 @@ class TestPurgeExpired:
         make_keys(8)
         assert purge_expired_keys.apply(kwargs={"batch_size": 3}).get() == 4
         assert purge_expired_keys.name == "django_idempotency.purge_expired_keys"
+
+
+@pytest.mark.django_db
+def test_by_default_a_purge_sleeps_after_each_batch_as_long_as_the_batch_took(monkeypatch):
+    make_keys(30)
+    slept = []
+    monkeypatch.setattr("django_idempotency.core.purging.time.sleep", slept.append)
+    result = IdempotencyKey.objects.purge_expired(batch_size=10)
+    assert result.batches == len(slept) == 3
+    assert all(0 < seconds <= result.longest_batch for seconds in slept)
+    slept.clear()
+    again = IdempotencyKey.objects.purge_expired(
+        now=NOW + timedelta(days=2), batch_size=10, pause=0
+    )
+    assert again.deleted == 15
+    assert slept == [0] * again.batches
+
+
+@pytest.mark.postgresql
+@pytest.mark.django_db
+def test_postgresql_finds_the_span_of_the_expired_rows_by_their_index_not_by_the_primary_key():
+    # Ids and expiry times grow together: walking the primary key down from the newest row to
+    # the newest expired one would read every live row, at every purge.
+    make_keys(2_000, expired=lambda index: index < 100)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE django_idempotency_idempotencykey")
+    sql = _statements(IdempotencyKey, "default", "expires_at", "<=", None).span
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", [timezone.now()])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "idempotency_expires_idx" in plan
+    assert "_pkey" not in plan
 
 
 @pytest.mark.django_db

@@ -68,41 +68,34 @@ def delete_in_batches(
     done: Done,
     *,
     batch_size: int,
-    pause: float = 0.0,
+    pause: float | None = None,
     max_seconds: float | None = None,
 ) -> PurgeResult:
     """Delete ``model``'s rows that ``done`` matches, ``batch_size`` ids at a time.
 
-    ``pause`` seconds between batches throttle the run; ``max_seconds`` bounds it (the next run
-    carries on). Call it outside a transaction.
+    After each batch the run sleeps ``pause`` seconds, by default as long as the batch took, so
+    that the traffic beside it has at least half of the database's time; ``max_seconds`` bounds
+    the run (the next run carries on). Call it outside a transaction.
     """
-    using = router.db_for_write(model)
-    batch = _Batch(model, connections[using], done)
+    batch = _Batch(model, connections[router.db_for_write(model)], done)
+    started = time.monotonic()
     # The walk spans only the rows done with when it starts: the rows a person must see (a dead
     # event, say) may be years older, and a walk from them would never reach the newest.
-    lookup: dict[str, object] = {f"{done.field}__{'lte' if done.op == '<=' else 'lt'}": done.value}
-    if done.status is not None:
-        lookup[done.status[0]] = done.status[1]
-    bounds = (
-        model._default_manager.using(using)
-        .filter(**lookup)
-        .aggregate(low=models.Min("pk"), high=models.Max("pk"))
-    )
-    started = time.monotonic()
+    first, last = batch.span()
     deleted = batches = 0
     longest = 0.0
     complete = True
-    if bounds["low"] is not None:
-        for low in range(bounds["low"], bounds["high"] + 1, batch_size):
+    if first is not None:
+        for low in range(first, last + 1, batch_size):
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
                 complete = False
                 break
             batch_started = time.monotonic()
             deleted += batch.delete(low, low + batch_size)
-            longest = max(longest, time.monotonic() - batch_started)
+            took = time.monotonic() - batch_started
+            longest = max(longest, took)
             batches += 1
-            if pause:
-                time.sleep(pause)
+            time.sleep(took if pause is None else pause)
     result = PurgeResult(deleted, batches, time.monotonic() - started, longest, complete)
     logger.info(
         "purged %d %s in %d batches (%.3f s)%s",
@@ -117,6 +110,8 @@ def delete_in_batches(
 
 
 class _Statements(NamedTuple):
+    # The lowest and the highest id of the rows done with.
+    span: str
     # A plain range delete, which waits a moment at most for a row another transaction holds.
     bounded: str
     # Past that moment: PostgreSQL deletes the rows it can lock; MariaDB picks them, then
@@ -133,14 +128,24 @@ def _statements(
     vendor = connection.vendor
     c = Names(model, connection)
     t = c.table
-    where = f"{c('id')} >= %s AND {c('id')} < %s AND {c(field)} {op} %s"
+    done = f"{c(field)} {op} %s"
     if status is not None:
-        where += f" AND {c(status)} = %s"
+        done += f" AND {c(status)} = %s"
+    where = f"{c('id')} >= %s AND {c('id')} < %s AND {done}"
+    span = f"SELECT MIN({c('id')}), MAX({c('id')}) FROM {t} WHERE {done}"  # noqa: S608
     if vendor == "sqlite":
-        return _Statements(f"DELETE FROM {t} WHERE {where}")  # noqa: S608
+        return _Statements(span, f"DELETE FROM {t} WHERE {where}")  # noqa: S608
     if vendor == "postgresql":
-        # The CTE sets the bound before any row is locked.
+        # Left to itself, PostgreSQL finds MAX(id) by walking the primary key down from the
+        # newest row until one is done with: through every live row of the table, since ids and
+        # expiry times grow together. OFFSET 0 keeps the subquery apart, so that it reads the
+        # rows done with, by their own index, and no others.
         return _Statements(
+            span=(
+                f"SELECT MIN({c('id')}), MAX({c('id')}) FROM "  # noqa: S608
+                f"(SELECT {c('id')} FROM {t} WHERE {done} OFFSET 0) AS done"
+            ),
+            # The CTE sets the bound before any row is locked.
             bounded=(
                 "WITH bounded AS (SELECT set_config('lock_timeout', %s, true)) "  # noqa: S608
                 f"DELETE FROM {t} WHERE {where} AND EXISTS (SELECT FROM bounded)"
@@ -159,6 +164,7 @@ def _statements(
     # two purges at once would each leave it.
     primary = "FORCE INDEX (PRIMARY)"
     return _Statements(
+        span=span,
         bounded=(
             "SET STATEMENT innodb_lock_wait_timeout = %s FOR "
             f"DELETE {t} FROM {t} {primary} WHERE {where}"
@@ -183,6 +189,13 @@ class _Batch:
         field = model._meta.get_field(done.field)
         cutoff = field.get_db_prep_value(done.value, connection)  # type: ignore[union-attr] # a concrete field
         self.where = [cutoff] if done.status is None else [cutoff, done.status[1]]
+
+    def span(self) -> tuple[int | None, int | None]:
+        """The lowest and the highest id of the rows done with; ``None`` if there are none."""
+        with self.connection.cursor() as cursor:
+            cursor.execute(self.sql.span, self.where)
+            low, high = cursor.fetchone()
+        return low, high
 
     def delete(self, low: int, high: int) -> int:
         """Delete the batch's rows with ``low <= id < high``, in a transaction of their own."""

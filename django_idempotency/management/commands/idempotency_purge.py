@@ -17,7 +17,10 @@ class Command(BaseCommand):
             "--batch-size", type=int, default=10_000, help="ids per batch (default 10000)"
         )
         parser.add_argument(
-            "--pause", type=float, default=0.0, help="seconds to sleep between batches"
+            "--pause",
+            type=float,
+            default=None,
+            help="seconds to sleep after each batch (default: as long as the batch took)",
         )
         parser.add_argument(
             "--max-seconds", type=float, default=None, help="stop after this long; rerun later"
