@@ -9,7 +9,7 @@ rest expire within the TTL. Of the keys, 94 % succeeded, 5 % failed (stored 4xx 
 are in progress with a lease, as a table under traffic holds them; of the events, 98 % were
 processed and 2 % are dead.
 
-PostgreSQL takes the rows by COPY, MariaDB by multi-row INSERTs of 5,000 rows. Either way the
+PostgreSQL takes the rows by COPY, MariaDB by LOAD DATA LOCAL INFILE. Either way the
 table's secondary indexes are dropped first and built again afterwards, as a restore does, and
 the table is analyzed. The outbox gets dispatched messages, for their size on disk.
 """
@@ -20,8 +20,10 @@ import datetime as dt
 import json
 import os
 import re
+import tempfile
 import time
 import uuid
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -31,7 +33,8 @@ KEYS = "django_idempotency_idempotencykey"
 INBOX = "django_idempotency_inboxevent"
 OUTBOX = "django_idempotency_outboxmessage"
 USERS = 10_000
-CHUNK = 5_000
+MILLION = 1_000_000
+BINARY_COLUMNS = {"response_body"}
 Row = tuple[Any, ...]
 
 KEY_COLUMNS = (
@@ -159,16 +162,7 @@ def fill(connection: Any, table: str, columns: tuple[str, ...], rows: Iterator[R
             for row in rows:
                 copy.write_row(row)
     else:
-        sql = f"INSERT INTO {table} ({names}) VALUES ({', '.join(['%s'] * len(columns))})"
-        chunk: list[Row] = []
-        with connection.cursor() as cursor:
-            for row in rows:
-                chunk.append(naive_utc(row))
-                if len(chunk) == CHUNK:
-                    cursor.executemany(sql, chunk)
-                    chunk.clear()
-            if chunk:
-                cursor.executemany(sql, chunk)
+        load_data(connection, table, columns, rows)
     create_indexes(connection, table, indexes)
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {'TABLE ' if vendor == 'mariadb' else ''}{table}")
@@ -177,11 +171,43 @@ def fill(connection: Any, table: str, columns: tuple[str, ...], rows: Iterator[R
     return time.monotonic() - started
 
 
-def naive_utc(row: Row) -> Row:
-    """MariaDB's DATETIME columns hold UTC without a zone, as Django writes them."""
-    return tuple(
-        value.replace(tzinfo=None) if isinstance(value, dt.datetime) else value for value in row
+def load_data(connection: Any, table: str, columns: tuple[str, ...], rows: Iterator[Row]) -> None:
+    """MariaDB's bulk path: the rows as a tab-separated file, read by LOAD DATA LOCAL INFILE in
+    chunks of a million rows. Bytes go as hex and are unhexed on the way in."""
+    names, assignments = [], []
+    for column in columns:
+        if column in BINARY_COLUMNS:
+            names.append(f"@{column}")
+            assignments.append(f"{quote('mariadb', column)} = UNHEX(@{column})")
+        else:
+            names.append(quote("mariadb", column))
+    sql = f"LOAD DATA LOCAL INFILE %s INTO TABLE {table} ({', '.join(names)})" + (
+        f" SET {', '.join(assignments)}" if assignments else ""
     )
+    with tempfile.TemporaryDirectory() as directory:
+        path = Path(directory) / "rows.tsv"
+        more = True
+        while more:
+            more = False
+            with path.open("w") as handle:
+                for count, row in enumerate(rows, 1):
+                    handle.write("\t".join(map(tsv, row)) + "\n")
+                    if count == MILLION:
+                        more = True
+                        break
+            with connection.cursor() as cursor:
+                cursor.execute(sql, [str(path)])
+
+
+def tsv(value: Any) -> str:
+    """``value`` as LOAD DATA reads it by default: NULL as \\N, bytes as hex, times in UTC."""
+    if value is None:
+        return "\\N"
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dt.datetime):
+        return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    return str(value).replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n")
 
 
 def secondary_indexes(connection: Any, table: str) -> list[tuple[str, str]]:
