@@ -81,11 +81,12 @@ def delete_in_batches(
     started = time.monotonic()
     # The walk spans only the rows done with when it starts: the rows a person must see (a dead
     # event, say) may be years older, and a walk from them would never reach the newest.
-    first, last = batch.span()
+    span = batch.span()
     deleted = batches = 0
     longest = 0.0
     complete = True
-    if first is not None:
+    if span is not None:
+        first, last = span
         for low in range(first, last + 1, batch_size):
             if max_seconds is not None and time.monotonic() - started >= max_seconds:
                 complete = False
@@ -190,12 +191,12 @@ class _Batch:
         cutoff = field.get_db_prep_value(done.value, connection)  # type: ignore[union-attr] # a concrete field
         self.where = [cutoff] if done.status is None else [cutoff, done.status[1]]
 
-    def span(self) -> tuple[int | None, int | None]:
+    def span(self) -> tuple[int, int] | None:
         """The lowest and the highest id of the rows done with; ``None`` if there are none."""
         with self.connection.cursor() as cursor:
             cursor.execute(self.sql.span, self.where)
             low, high = cursor.fetchone()
-        return low, high
+        return None if low is None else (low, high)
 
     def delete(self, low: int, high: int) -> int:
         """Delete the batch's rows with ``low <= id < high``, in a transaction of their own."""
