@@ -187,7 +187,7 @@ def test_the_key_list_fits_1366_pixels_with_long_principals_and_a_task_key(page,
 
     assert_every_column_fits(page)
     who = page.locator("#result_list td.field-who")
-    assert sorted(who.all_inner_texts()) == ["task", long_name[:150], "tenant acme"]
+    assert sorted(who.all_inner_texts()) == sorted(["task", long_name[:150], "tenant acme"])
     headers = page.locator("#result_list thead").inner_text().lower()
     assert "replay count" in headers
     # Cut short on screen, whole on hover.
