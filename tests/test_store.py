@@ -82,13 +82,18 @@ def start(work):
 
 def wait_for_key_held(timeout=5.0):
     """Block until another session holds a key in its transaction: on PostgreSQL, the advisory
-    lock an atomic-mode request takes, or an uncommitted key row; elsewhere, the row."""
+    lock an atomic-mode request takes, or an uncommitted key row; elsewhere, the row.
+
+    pg_locks lists the locks of the whole server, where other test passes run at the same time:
+    only this database's count.
+    """
     table = IdempotencyKey._meta.db_table
     if connection.vendor == "postgresql":
         sql = (
             "SELECT count(*) FROM pg_locks l LEFT JOIN pg_class c ON c.oid = l.relation "
             "WHERE (l.locktype = 'advisory' OR c.relname = %s AND l.mode = 'RowExclusiveLock') "
-            "AND l.granted AND l.pid <> pg_backend_pid()"
+            "AND l.granted AND l.pid <> pg_backend_pid() "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         )
         params, looks = [table], connection.cursor()
     else:  # a dirty read, on a connection of its own, sees the row before it commits
