@@ -10,8 +10,10 @@ rows cost on disk, are reported.
 
 On PostgreSQL, at the purge's size (10 million keys, a tenth expired), fresh POSTs alone and
 while the purge runs: once ``idempotency_purge`` and once the Celery task ``purge_expired_keys``,
-both with their defaults. A watcher reports the longest transaction the purge held, and the dead
-tuples and the table's size after it, as autovacuum left them a minute later.
+both with their defaults, and the command with a tenth of the default batch. A watcher reports
+the purge's longest DELETE transaction (the locks it held) and its longest read, the server's
+WAL and checkpoint counters around each purge, and the dead tuples and the table's size after
+it, as autovacuum left them a minute later.
 
 Prints Markdown tables; ``--plot PATH`` draws throughput and p99 against the table's size.
 Usage: python -m benchmarks.scale [--database postgresql|mariadb] [--quick] [--plot PATH]
@@ -41,8 +43,10 @@ if TYPE_CHECKING:
 MILLION = 1_000_000
 KEY_SCENARIOS = ("bare", "fresh", "replay")
 INBOX_SCENARIOS = ("bare-webhook", "inbox-database")
+MANAGE = str(ROOT / "example_project" / "manage.py")
 PURGES = {
-    "idempotency_purge": [str(ROOT / "example_project" / "manage.py"), "idempotency_purge"],
+    "idempotency_purge": [MANAGE, "idempotency_purge"],
+    "idempotency_purge --batch-size 1000": [MANAGE, "idempotency_purge", "--batch-size", "1000"],
     "the Celery task": [
         "-c",
         "import django; django.setup(); "
@@ -62,6 +66,8 @@ class Results:
     disk: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     row_bytes: dict[str, float] = dataclasses.field(default_factory=dict)
     purges: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # PostgreSQL, by size: how often autovacuum vacuumed and analyzed the key table meanwhile.
+    upkeep: dict[float, tuple[int, int]] = dataclasses.field(default_factory=dict)
 
 
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
@@ -113,8 +119,13 @@ def measure(args: argparse.Namespace) -> Results:
 
         for size in sorted(args.sizes):
             top_up(connection, results, filling.KEYS, size, keys)
+            postgresql = args.database == "postgresql"
+            before = autovacuum_runs(connection) if postgresql else (0, 0)
             results.keys[size] = alternate(server, server_args, KEY_SCENARIOS, args.rounds)
-            if args.purge_size and size == args.purge_size and args.database == "postgresql":
+            if postgresql:
+                after = autovacuum_runs(connection)
+                results.upkeep[size] = (after[0] - before[0], after[1] - before[1])
+            if args.purge_size and size == args.purge_size and postgresql:
                 wait = 5 if args.quick else 65
                 results.purges = purge_beside_traffic(server, server_args, template, wait)
                 top_up(connection, results, filling.KEYS, size, keys)
@@ -172,7 +183,9 @@ def purge_beside_traffic(
                 filling.fill(connection, filling.KEYS, filling.KEY_COLUMNS, rows)
                 expired = expired_keys(connection)
             alone = run.run_wrk(server, "fresh", args, 400)
+            before = wal_and_checkpoints(connection)
             during, watcher = beside_purge(server, args, name, command)
+            after = wal_and_checkpoints(connection)
             report.append(
                 {
                     "purge": name,
@@ -181,6 +194,7 @@ def purge_beside_traffic(
                     "deleted": expired - expired_keys(connection),
                     "seconds": watcher.last - watcher.first,
                     "longest": watcher.longest,
+                    "written": {name: after[name] - before[name] for name in after},
                     **table_state(connection, wait),
                 }
             )
@@ -220,6 +234,32 @@ def expired_keys(connection: Any) -> int:
     return int(scalar(connection, sql))
 
 
+def autovacuum_runs(connection: Any) -> tuple[int, int]:
+    """How often autovacuum has vacuumed and analyzed the key table, on PostgreSQL."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT autovacuum_count, autoanalyze_count FROM pg_stat_user_tables "
+            "WHERE relname = %s",
+            [filling.KEYS],
+        )
+        vacuums, analyzes = cursor.fetchone()
+    return int(vacuums), int(analyzes)
+
+
+def wal_and_checkpoints(connection: Any) -> dict[str, int]:
+    """The server's counters of WAL written and of checkpoints, whose difference around a purge
+    says what it made the server write (the traffic beside it included)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT wal_bytes, wal_fpi, wal_records, checkpoints_timed + checkpoints_req, "
+            "buffers_checkpoint, buffers_backend, buffers_backend_fsync "
+            "FROM pg_stat_wal, pg_stat_bgwriter"
+        )
+        values = cursor.fetchone()
+    names = ("wal_bytes", "wal_fpi", "wal_records", "checkpoints", "buffers_checkpoint")
+    return dict(zip((*names, "buffers_backend", "backend_fsyncs"), map(int, values), strict=True))
+
+
 def table_state(connection: Any, wait: float) -> dict[str, Any]:
     """The dead tuples and the key table's size ``wait`` seconds after the purge (autovacuum
     wakes up once a minute), and whether autovacuum ran by then."""
@@ -238,26 +278,34 @@ def table_state(connection: Any, wait: float) -> dict[str, Any]:
 
 class LongestTransaction(threading.Thread):
     """Watches, every 10 ms, the purge's open transaction: when the first and the last were
-    seen (monotonic seconds), and how long the longest had been running."""
+    seen (monotonic seconds), and, for its deletes and for its reads apart, how long the
+    longest had been running and its statement."""
 
     QUERY = (
-        "SELECT extract(epoch FROM max(clock_timestamp() - xact_start)) "
+        "SELECT extract(epoch FROM clock_timestamp() - xact_start), query "
         "FROM pg_stat_activity WHERE application_name = 'purge' AND xact_start IS NOT NULL"
     )
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.first = self.last = self.longest = 0.0
+        self.first = self.last = 0.0
+        # By the kind of statement ("DELETE" or "read"): its seconds and its text.
+        self.longest: dict[str, tuple[float, str]] = {}
         self.done = threading.Event()
 
     def run(self) -> None:
-        with DATABASES["postgresql"].connect(run.DATABASE) as connection:
+        with (
+            DATABASES["postgresql"].connect(run.DATABASE) as connection,
+            connection.cursor() as cursor,
+        ):
             while not self.done.wait(0.01):
-                age = scalar(connection, self.QUERY)
-                if age is not None:
+                cursor.execute(self.QUERY)
+                for age, statement in cursor.fetchall():
                     self.last = time.monotonic()
                     self.first = self.first or self.last
-                    self.longest = max(self.longest, float(age))
+                    kind = "DELETE" if "DELETE" in statement.upper() else "read"
+                    if float(age) > self.longest.get(kind, (0.0, ""))[0]:
+                        self.longest[kind] = (float(age), " ".join(statement.split()))
 
     def stop(self) -> None:
         self.done.set()

@@ -20,8 +20,12 @@ KEY_HEADER = (
 )  # fmt: skip
 PURGE_HEADER = (
     "purge", "req/s alone", "req/s during", "p99 alone", "p99 during", "p99 during/alone",
-    "deleted", "took", "rows/s", "longest transaction", "dead tuples a minute later",
+    "deleted", "took", "rows/s", "longest DELETE", "longest read", "dead tuples a minute later",
     "table + indexes",
+)  # fmt: skip
+WRITTEN_HEADER = (
+    "purge", "WAL", "WAL per row deleted", "full-page images", "checkpoints",
+    "buffers written by checkpoints", "by backends",
 )  # fmt: skip
 
 
@@ -48,6 +52,16 @@ def report(results: Results, args: argparse.Namespace) -> str:
             key_rows(results.keys),
         ),
     ]
+    if results.upkeep:
+        parts += [
+            "",
+            "Autovacuum on the key table while each size was measured: "
+            + "; ".join(
+                f"{size:g} million: vacuumed {vacuums}, analyzed {analyzes} times"
+                for size, (vacuums, analyzes) in sorted(results.upkeep.items())
+            )
+            + ".",
+        ]
     if results.inbox:
         parts += [
             "",
@@ -159,12 +173,47 @@ def purges(results: Results) -> str:
                 f"{purge['deleted']:,}",
                 f"{purge['seconds']:,.1f} s",
                 f"{purge['deleted'] / max(purge['seconds'], 0.001):,.0f}",
-                millis(purge["longest"] * 1000),
+                *(millis(purge["longest"].get(kind, (0.0,))[0] * 1000) for kind in LONGEST),
                 f"{purge['dead']:,}" + ("" if purge["vacuumed"] else " (not vacuumed yet)"),
                 megabytes(purge["heap"] + purge["index"]),
             ]
         )
-    return table(PURGE_HEADER, rows)
+    return "\n\n".join([table(PURGE_HEADER, rows), written(results), statements(results)])
+
+
+LONGEST = ("DELETE", "read")
+
+
+def written(results: Results) -> str:
+    """What the server wrote while each purge ran (the requests beside it included)."""
+    rows = []
+    for purge in results.purges:
+        wrote = purge["written"]
+        rows.append(
+            [
+                purge["purge"],
+                megabytes(wrote["wal_bytes"]),
+                f"{wrote['wal_bytes'] / max(purge['deleted'], 1):,.0f} bytes",
+                f"{wrote['wal_fpi']:,}",
+                f"{wrote['checkpoints']:,}",
+                f"{wrote['buffers_checkpoint']:,}",
+                f"{wrote['buffers_backend']:,}",
+            ]
+        )
+    return "What the server wrote while each purge ran, the traffic beside it included:\n\n" + (
+        table(WRITTEN_HEADER, rows)
+    )
+
+
+def statements(results: Results) -> str:
+    """The statements of each purge's longest transactions."""
+    lines = ["The statements of the longest transactions:", ""]
+    for purge in results.purges:
+        for kind in LONGEST:
+            if kind in purge["longest"]:
+                seconds, statement = purge["longest"][kind]
+                lines.append(f"- {purge['purge']}, {millis(seconds * 1000)}: `{statement[:160]}`")
+    return "\n".join(lines)
 
 
 def plot(results: Results, args: argparse.Namespace, path: Path) -> None:
