@@ -9,11 +9,12 @@ realistic rows by the database's bulk path (filling.py); what the fill took, and
 rows cost on disk, are reported.
 
 On PostgreSQL, at the purge's size (10 million keys, a tenth expired), fresh POSTs alone and
-while the purge runs: once ``idempotency_purge`` and once the Celery task ``purge_expired_keys``,
-both with their defaults, and the command with a tenth of the default batch. A watcher reports
-the purge's longest DELETE transaction (the locks it held) and its longest read, the server's
-WAL and checkpoint counters around each purge, and the dead tuples and the table's size after
-it, as autovacuum left them a minute later.
+while the purge runs: ``idempotency_purge`` and the Celery task ``purge_expired_keys`` with their
+defaults, and the command with ten times the default batch, each right after a checkpoint (the
+worst case for the WAL it writes). A watcher reports the purge's longest DELETE transaction (the
+locks it held) and its longest read; the server's WAL and checkpoint counters around each purge,
+and the dead tuples and the table's size after it, as autovacuum left them a minute later, are
+reported too.
 
 Prints Markdown tables; ``--plot PATH`` draws throughput and p99 against the table's size.
 Usage: python -m benchmarks.scale [--database postgresql|mariadb] [--quick] [--plot PATH]
@@ -46,7 +47,7 @@ INBOX_SCENARIOS = ("bare-webhook", "inbox-database")
 MANAGE = str(ROOT / "example_project" / "manage.py")
 PURGES = {
     "idempotency_purge": [MANAGE, "idempotency_purge"],
-    "idempotency_purge --batch-size 1000": [MANAGE, "idempotency_purge", "--batch-size", "1000"],
+    "idempotency_purge --batch-size 10000": [MANAGE, "idempotency_purge", "--batch-size", "10000"],
     "the Celery task": [
         "-c",
         "import django; django.setup(); "
@@ -183,6 +184,10 @@ def purge_beside_traffic(
                 filling.fill(connection, filling.KEYS, filling.KEY_COLUMNS, rows)
                 expired = expired_keys(connection)
             alone = run.run_wrk(server, "fresh", args, 400)
+            # Each purge starts right after a checkpoint, the worst case: the first change to a
+            # page after one writes the whole page to the WAL.
+            with connection.cursor() as cursor:
+                cursor.execute("CHECKPOINT")
             before = wal_and_checkpoints(connection)
             during, watcher = beside_purge(server, args, name, command)
             after = wal_and_checkpoints(connection)

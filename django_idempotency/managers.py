@@ -34,7 +34,7 @@ class IdempotencyKeyManager(models.Manager[M]):
         self,
         *,
         now: datetime | None = None,
-        batch_size: int = 10_000,
+        batch_size: int = 1_000,
         pause: float | None = None,
         max_seconds: float | None = None,
     ) -> PurgeResult:

@@ -35,7 +35,7 @@ task: Callable[[Callable[..., Any]], Any] = framework.task
 
 @task
 def purge_expired_keys(
-    batch_size: int = 10_000, pause: float | None = None, max_seconds: float | None = 240.0
+    batch_size: int = 1_000, pause: float | None = None, max_seconds: float | None = 240.0
 ) -> int:
     """Delete keys past their expiry; return how many were deleted."""
     result = IdempotencyKey.objects.purge_expired(

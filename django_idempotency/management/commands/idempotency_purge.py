@@ -14,7 +14,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
-            "--batch-size", type=int, default=10_000, help="ids per batch (default 10000)"
+            "--batch-size", type=int, default=1_000, help="ids per batch (default 1000)"
         )
         parser.add_argument(
             "--pause",
