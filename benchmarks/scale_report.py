@@ -138,7 +138,9 @@ def inbox_rows(inbox: dict[float, dict[str, list[Any]]]) -> list[list[str]]:
 def disk(results: Results) -> str:
     rows = []
     for name, measured in results.disk.items():
-        per_million = MILLION / max(measured["rows"], 1)
+        if measured["rows"] < MILLION // 100:  # too few to say (an empty table's reltuples is -1)
+            continue
+        per_million = MILLION / measured["rows"]
         rows.append([f"`{name}`: the table", megabytes(measured["heap"] * per_million)])
         rows += [
             [f"`{index}`", megabytes(size * per_million)]
