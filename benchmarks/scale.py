@@ -284,7 +284,11 @@ def table_state(connection: Any, wait: float) -> dict[str, Any]:
 class LongestTransaction(threading.Thread):
     """Watches, every 10 ms, the purge's open transaction: when the first and the last were
     seen (monotonic seconds), and, for its deletes and for its reads apart, how long the
-    longest had been running and its statement."""
+    longest had been running and its statement.
+
+    A read is the span's ``SELECT``, a statement of its own; every other statement belongs to a
+    batch's transaction, its ``COMMIT`` included (the locks are held until the commit is done).
+    """
 
     QUERY = (
         "SELECT extract(epoch FROM clock_timestamp() - xact_start), query "
@@ -308,7 +312,7 @@ class LongestTransaction(threading.Thread):
                 for age, statement in cursor.fetchall():
                     self.last = time.monotonic()
                     self.first = self.first or self.last
-                    kind = "DELETE" if "DELETE" in statement.upper() else "read"
+                    kind = "read" if statement.lstrip().upper().startswith("SELECT") else "DELETE"
                     if float(age) > self.longest.get(kind, (0.0, ""))[0]:
                         self.longest[kind] = (float(age), " ".join(statement.split()))
 
