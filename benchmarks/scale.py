@@ -256,13 +256,12 @@ def wal_and_checkpoints(connection: Any) -> dict[str, int]:
     says what it made the server write (the traffic beside it included)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT wal_bytes, wal_fpi, wal_records, checkpoints_timed + checkpoints_req, "
-            "buffers_checkpoint, buffers_backend, buffers_backend_fsync "
-            "FROM pg_stat_wal, pg_stat_bgwriter"
+            "SELECT wal_bytes, wal_fpi, checkpoints_timed + checkpoints_req, buffers_checkpoint, "
+            "buffers_backend FROM pg_stat_wal, pg_stat_bgwriter"
         )
         values = cursor.fetchone()
-    names = ("wal_bytes", "wal_fpi", "wal_records", "checkpoints", "buffers_checkpoint")
-    return dict(zip((*names, "buffers_backend", "backend_fsyncs"), map(int, values), strict=True))
+    names = ("wal_bytes", "wal_fpi", "checkpoints", "buffers_checkpoint", "buffers_backend")
+    return dict(zip(names, map(int, values), strict=True))
 
 
 def table_state(connection: Any, wait: float) -> dict[str, Any]:
